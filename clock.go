@@ -1,0 +1,33 @@
+package pglock
+
+import "time"
+
+// Clock is the time a Client renews, waits and counts deadlines on. Expiry itself is
+// always measured by the store, on the database clock. The zero value of an option
+// means the real clock; tests use pglocktest.ManualClock.
+//
+// Implementations must be safe for concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f once, in its own goroutine or synchronously from whatever
+	// moves the clock, after d has passed. Stop on the result prevents the call if it
+	// has not started.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a pending AfterFunc call. *time.Timer implements it.
+type Timer interface {
+	// Stop prevents the call and reports whether it did; false means it already ran
+	// or was stopped.
+	Stop() bool
+}
+
+// RealClock is the wall clock.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
+
+// AfterFunc is time.AfterFunc.
+func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

@@ -1,0 +1,106 @@
+package pglock
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// EventType names what happened in an Event.
+type EventType string
+
+// The events a Client emits.
+const (
+	EventAcquired           EventType = "acquired"            // a lock was taken
+	EventReleased           EventType = "released"            // a lock was given back
+	EventLost               EventType = "lost"                // a lock was lost before its release; Reason says how
+	EventJobRan             EventType = "job ran"             // a job's tick ran here
+	EventJobSkipped         EventType = "job skipped"         // a job's tick was skipped here; Reason says why
+	EventLeadershipAcquired EventType = "leadership acquired" // this instance started leading
+	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Reason says why
+)
+
+// Event is something that happened to a lock, a job or an election of a Client. See
+// WithEventHandler.
+type Event struct {
+	Type   EventType
+	Key    string
+	Owner  string
+	Token  int64
+	Reason string // why, for lost, skipped and leadership-lost events
+	Time   time.Time
+}
+
+// events delivers events to the handler on one goroutine, so that whoever emits
+// (the renewer above all) never waits for the handler.
+type events struct {
+	handler func(Event)
+	logger  *slog.Logger
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	queue  []Event
+	closed bool
+	done   chan struct{}
+}
+
+func newEvents(handler func(Event), logger *slog.Logger) *events {
+	e := &events{handler: handler, logger: logger, done: make(chan struct{})}
+	e.cond = sync.NewCond(&e.mu)
+	if handler == nil {
+		close(e.done)
+		return e
+	}
+	go e.run()
+	return e
+}
+
+func (e *events) emit(ev Event) {
+	if e.handler == nil {
+		return
+	}
+	e.mu.Lock()
+	if !e.closed {
+		e.queue = append(e.queue, ev)
+		e.cond.Signal()
+	}
+	e.mu.Unlock()
+}
+
+func (e *events) run() {
+	defer close(e.done)
+	for {
+		e.mu.Lock()
+		for len(e.queue) == 0 && !e.closed {
+			e.cond.Wait()
+		}
+		batch := e.queue
+		e.queue = nil
+		closed := e.closed
+		e.mu.Unlock()
+		for _, ev := range batch {
+			e.deliver(ev)
+		}
+		if closed && len(batch) == 0 {
+			return
+		}
+	}
+}
+
+func (e *events) deliver(ev Event) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.logger.Error("pglock: event handler panicked", slog.String("key", ev.Key), slog.Any("err", r))
+		}
+	}()
+	e.handler(ev)
+}
+
+// close delivers what is queued and stops.
+func (e *events) close() {
+	e.mu.Lock()
+	e.closed = true
+	e.cond.Signal()
+	e.mu.Unlock()
+	<-e.done
+}

@@ -1,0 +1,444 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock/internal/renewer"
+)
+
+// storeTimeout bounds the store calls a Client makes on a context detached from its
+// caller's cancellation: releases, and the hand-back of leases at Close.
+const storeTimeout = 5 * time.Second
+
+// Client takes, renews and releases locks for one instance of an application. Create
+// it with New (PostgreSQL) or NewWithStore, and Close it at shutdown so that every
+// lock it holds is handed back at once rather than left to expire. It is safe for
+// concurrent use.
+type Client struct {
+	store    Store
+	clock    Clock
+	logger   *slog.Logger
+	ttl      time.Duration
+	instance string
+	renewer  *renewer.Renewer
+	events   *events
+
+	mu      sync.Mutex
+	closed  bool
+	held    map[*Lock]struct{}
+	keys    map[string]string // registered job and election keys: what each one is
+	closers []func(ctx context.Context) error
+}
+
+// New returns a Client whose locks live in the PostgreSQL database of pool, which must
+// have the pglock schema (see Migrate). The pool stays the caller's: close it after
+// Client.Close. Errors wrap ErrInvalidArgument and name the option at fault.
+func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
+	if pool == nil {
+		return nil, invalidArg("New: nil pool")
+	}
+	return NewWithStore(NewPostgresStore(pool), opts...)
+}
+
+// NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
+// your own that passes pglocktest.TestStore. Errors wrap ErrInvalidArgument and name
+// the option at fault.
+func NewWithStore(store Store, opts ...Option) (*Client, error) {
+	if store == nil {
+		return nil, invalidArg("NewWithStore: nil store")
+	}
+	cfg := config{ttl: DefaultTTL}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArg("nil Option")
+		}
+		if err := opt(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.Default()
+	}
+	if cfg.clock == nil {
+		cfg.clock = RealClock{}
+	}
+	if cfg.instance == "" {
+		cfg.instance = defaultInstanceName()
+	}
+	c := &Client{
+		store:    store,
+		clock:    cfg.clock,
+		logger:   cfg.logger,
+		ttl:      cfg.ttl,
+		instance: cfg.instance,
+		events:   newEvents(cfg.onEvent, cfg.logger),
+		held:     make(map[*Lock]struct{}),
+		keys:     make(map[string]string),
+	}
+	c.renewer = renewer.New(renewer.Config{
+		Store: store,
+		Now:   cfg.clock.Now,
+		AfterFunc: func(d time.Duration, f func()) func() bool {
+			return cfg.clock.AfterFunc(d, f).Stop
+		},
+		Logger: cfg.logger,
+	})
+	return c, nil
+}
+
+// TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
+// background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
+// live holder has the key, ErrInvalidKey or ErrInvalidArgument for bad input,
+// ErrClosed after Close, or the store's error. ctx bounds the store call only; the
+// lock's own lifetime is Lock.Context.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	lc, err := c.lockConfig(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.try(ctx, key, lc.ttl)
+}
+
+// Acquire takes key, waiting while it is held: it retries with exponential backoff and
+// jitter until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
+// is one attempt), or until ctx ends. A key that stays held returns an error matching
+// ErrNotAcquired (and, when ctx ended, ctx's cause too). Other errors are TryAcquire's.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+	lc, err := c.lockConfig(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if lc.waitSet {
+		deadline = c.clock.Now().Add(lc.wait)
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		l, err := c.try(ctx, key, lc.ttl)
+		if !errors.Is(err, ErrNotAcquired) {
+			return l, err
+		}
+		pause := backoff/2 + rand.N(backoff/2+1) // jitter: callers that lost together retry apart
+		if lc.waitSet {
+			left := deadline.Sub(c.clock.Now())
+			if left <= 0 {
+				return nil, err
+			}
+			pause = min(pause, left)
+		}
+		if werr := c.sleep(ctx, pause); werr != nil {
+			return nil, fmt.Errorf("%w: %w", err, werr)
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// sleep waits d on the client's clock, or until ctx ends (returning its cause).
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	done := make(chan struct{})
+	t := c.clock.AfterFunc(d, func() { close(done) })
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// WithLock takes key as Acquire does, runs fn under the lock, and releases the lock when
+// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends or when the
+// lock is lost (context.Cause is then a *LockLostError), and pglock.FromContext(ctx)
+// returns the lock, whose Token fences fn's writes. It returns Acquire's error, fn's
+// error, or, when fn returned nil, a *LockLostError if the lock was lost before its
+// release, or the release's error.
+func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...LockOption) (err error) {
+	if fn == nil {
+		return invalidArg("WithLock: nil fn")
+	}
+	l, err := c.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
+	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	defer func() {
+		stop()
+		cancel(context.Canceled)
+		if rerr := l.Release(ctx); err == nil {
+			err = rerr
+		}
+	}()
+	return fn(fctx)
+}
+
+func (c *Client) lockConfig(key string, opts []LockOption) (lockConfig, error) {
+	lc := lockConfig{ttl: c.ttl}
+	if err := checkKey(key); err != nil {
+		return lc, err
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return lc, invalidArg("nil LockOption")
+		}
+		if err := opt(&lc); err != nil {
+			return lc, err
+		}
+	}
+	return lc, nil
+}
+
+func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
+	sentAt := c.clock.Now()
+	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+	case token <= 0:
+		// Hand it back rather than hold a lock that cannot fence anything.
+		_, _ = c.releaseDetached(ctx, key, owner)
+		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
+	}
+	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
+	l.entry.Lost = l.lose
+	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(context.Background(), lockContextKey{}, l))
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		_, _ = c.releaseDetached(ctx, key, owner)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
+	c.held[l] = struct{}{}
+	c.mu.Unlock()
+	c.renewer.Add(&l.entry, sentAt)
+	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
+		slog.Int64("token", token), slog.Duration("ttl", ttl))
+	c.emit(EventAcquired, l, "")
+	return l, nil
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *Client) forget(l *Lock) {
+	c.mu.Lock()
+	delete(c.held, l)
+	c.mu.Unlock()
+}
+
+func (c *Client) emit(t EventType, l *Lock, reason string) {
+	c.events.emit(Event{Type: t, Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason, Time: c.clock.Now()})
+}
+
+// register reserves keys for a job or an election (what describes it in errors), so
+// that two of them can never exclude each other silently. It fails, naming both, when
+// one of keys is taken.
+func (c *Client) register(what string, keys ...string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	for _, k := range keys {
+		if other, ok := c.keys[k]; ok {
+			return invalidArg("%s: key %q is already used by %s", what, k, other)
+		}
+	}
+	for _, k := range keys {
+		c.keys[k] = what
+	}
+	return nil
+}
+
+// onClose adds a step to Close, run before the client's remaining locks are released.
+func (c *Client) onClose(f func(ctx context.Context) error) {
+	c.mu.Lock()
+	c.closers = append(c.closers, f)
+	c.mu.Unlock()
+}
+
+// Close shuts the client down: it refuses new acquisitions, runs the shutdown of its
+// jobs and elections (runs in progress finish, leaders step down), releases every lock
+// it still holds, and stops its renewer and event delivery. Store calls run on a
+// context detached from ctx's cancellation, with a timeout; ctx bounds the whole: when
+// it ends first, Close stops waiting, leaves what is left to expire, and returns ctx's
+// error. Calling Close again returns nil.
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	closers := c.closers
+	c.mu.Unlock()
+
+	var errs []error
+	for _, f := range closers {
+		errs = append(errs, f(ctx))
+	}
+	c.mu.Lock()
+	locks := make([]*Lock, 0, len(c.held))
+	for l := range c.held {
+		locks = append(locks, l)
+	}
+	c.mu.Unlock()
+	for _, l := range locks {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLockLost) {
+			errs = append(errs, err)
+		}
+	}
+	c.renewer.Close()
+	c.events.close()
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return errors.Join(errs...)
+}
+
+// detached returns ctx without its cancellation, with storeTimeout: for the calls that
+// must reach the store even when the caller has given up (gocron hands tasks a ctx that
+// is already cancelled at its shutdown).
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+}
+
+// releaseDetached hands key back for owner on a detached context.
+func (c *Client) releaseDetached(ctx context.Context, key, owner string) (bool, error) {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	return c.store.Release(ctx, key, owner)
+}
+
+// Lock is a held lock: a lease on a key, renewed in the background, with the fencing
+// token of this acquisition. Its methods are safe for concurrent use.
+type Lock struct {
+	c      *Client
+	token  int64
+	entry  renewer.Entry // Key, Owner, TTL; the renewer's bookkeeping
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu   sync.Mutex
+	done bool  // released or lost
+	err  error // what Release returns once done
+}
+
+// Key returns the lock's key.
+func (l *Lock) Key() string { return l.entry.Key }
+
+// Owner returns the owner id this acquisition drew: the client's instance name and a
+// random suffix.
+func (l *Lock) Owner() string { return l.entry.Owner }
+
+// Token returns the fencing token: positive, and greater than the token of every
+// earlier acquisition of the key. Write it with what the lock protects (see
+// FenceUpdate) so that a paused former holder's late write is refused.
+func (l *Lock) Token() int64 { return l.token }
+
+// TTL returns the lock's ttl.
+func (l *Lock) TTL() time.Duration { return l.entry.TTL }
+
+// Context returns a context that is cancelled when the lock is released or lost; on a
+// loss, context.Cause is a *LockLostError. FromContext on it returns l.
+func (l *Lock) Context() context.Context { return l.ctx }
+
+// Held reports whether the lock is neither released nor known to be lost. A paused
+// process cannot know: see the package doc on fencing.
+func (l *Lock) Held() bool { return l.ctx.Err() == nil }
+
+// Release gives the lock back. It is idempotent: later calls return what the first
+// returned. The store call runs on ctx detached from its cancellation, with a timeout,
+// so a cancelled ctx still releases. It returns nil, a *LockLostError (ErrLockLost)
+// when the lock was lost before, or the store's error (the lock then expires after its
+// ttl).
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.done {
+		defer l.mu.Unlock()
+		return l.err
+	}
+	l.done = true
+	l.mu.Unlock()
+
+	c := l.c
+	c.forget(l)
+	held, reason := c.renewer.Remove(&l.entry)
+	var err error
+	if !held { // the renewer found it lost a moment ago
+		err = l.lostError(reason)
+		l.cancel(err)
+	} else {
+		l.cancel(context.Canceled)
+		ok, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
+		switch {
+		case serr != nil:
+			err = serr
+		case !ok:
+			err = &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
+		default:
+			c.logger.Debug("pglock: released lock", slog.String("key", l.entry.Key),
+				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
+			c.emit(EventReleased, l, "")
+		}
+	}
+	l.mu.Lock()
+	l.err = err
+	l.mu.Unlock()
+	return err
+}
+
+func (l *Lock) lostError(r renewer.Reason) *LockLostError {
+	reason := ReasonExpired
+	if r == renewer.Refused {
+		reason = ReasonRefused
+	}
+	return &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
+}
+
+// lose is the renewer's report that the lock is lost.
+func (l *Lock) lose(r renewer.Reason) {
+	err := l.lostError(r)
+	l.mu.Lock()
+	if !l.done {
+		l.done, l.err = true, err
+	}
+	l.mu.Unlock()
+	l.c.forget(l)
+	l.cancel(err)
+	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
+		slog.Int64("token", l.token), slog.Any("err", err))
+	l.c.emit(EventLost, l, err.Reason)
+}
+
+type lockContextKey struct{}
+
+// FromContext returns the lock ctx runs under: inside WithLock's fn, a job's run, or a
+// leader's OnAcquired, and from Lock.Context.
+func FromContext(ctx context.Context) (*Lock, bool) {
+	l, ok := ctx.Value(lockContextKey{}).(*Lock)
+	return l, ok
+}

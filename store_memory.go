@@ -1,0 +1,86 @@
+package pglock
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
+// clock (nil means the real clock). It excludes callers in one process only: instances
+// of an application must share a PostgreSQL store instead. It is safe for concurrent use.
+func NewMemoryStore(clock Clock) Store {
+	if clock == nil {
+		clock = RealClock{}
+	}
+	return &memoryStore{clock: clock, locks: make(map[string]*memoryLock)}
+}
+
+type memoryStore struct {
+	clock Clock
+	mu    sync.Mutex
+	seq   int64
+	locks map[string]*memoryLock // kept after release, like the table's rows
+}
+
+type memoryLock struct {
+	owner   string // "" once released
+	token   int64
+	expires time.Time
+}
+
+// live returns key's lock if owner (any owner when "") holds it and it has not expired.
+func (s *memoryStore) live(key, owner string) *memoryLock {
+	l := s.locks[key]
+	if l == nil || l.owner == "" || (owner != "" && l.owner != owner) || !l.expires.After(s.clock.Now()) {
+		return nil
+	}
+	return l
+}
+
+func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return 0, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.live(key, "") != nil {
+		return 0, false, nil
+	}
+	s.seq++
+	l := s.locks[key]
+	if l == nil {
+		l = &memoryLock{}
+		s.locks[key] = l
+	}
+	l.owner, l.token, l.expires = owner, max(s.seq, l.token+1), s.clock.Now().Add(ttl)
+	return l.token, true, nil
+}
+
+func (s *memoryStore) Renew(_ context.Context, key, owner string, ttl time.Duration) (bool, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.live(key, owner)
+	if l == nil {
+		return false, nil
+	}
+	l.expires = s.clock.Now().Add(ttl)
+	return true, nil
+}
+
+func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error) {
+	if err := checkCall(key, owner, time.Millisecond); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.live(key, owner)
+	if l == nil {
+		return false, nil
+	}
+	l.owner = ""
+	return true, nil
+}

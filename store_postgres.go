@@ -1,0 +1,141 @@
+package pglock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
+// it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
+type Queryer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
+// It implements BatchRenewer. Every call is one statement calling one of the schema's
+// functions, so it works behind PgBouncer in transaction mode.
+func NewPostgresStore(db Queryer) Store {
+	return &postgresStore{
+		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRow(ctx, q, args...) },
+		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
+			rows, err := db.Query(ctx, q, args...)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, pgx.RowTo[string])
+		},
+		array: func(s []string) any { return s },
+	}
+}
+
+// NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
+// users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer.
+func NewSQLStore(db *sql.DB) Store {
+	return &postgresStore{
+		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRowContext(ctx, q, args...) },
+		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
+			rows, err := db.QueryContext(ctx, q, args...)
+			if err != nil {
+				return nil, err
+			}
+			defer rows.Close()
+			var keys []string
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					return nil, err
+				}
+				keys = append(keys, k)
+			}
+			return keys, rows.Err()
+		},
+		array: arrayLiteral, // database/sql drivers differ on []string; a literal works with all
+	}
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+// postgresStore calls the SQL functions; the two constructors differ only in how a
+// statement reaches the server.
+type postgresStore struct {
+	queryRow  func(ctx context.Context, q string, args ...any) scanner
+	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
+	array     func([]string) any
+}
+
+func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return 0, false, err
+	}
+	var token sql.NullInt64
+	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttl.Milliseconds()).Scan(&token); err != nil {
+		return 0, false, fmt.Errorf("pglock: acquire %q: %w", key, err)
+	}
+	return token.Int64, token.Valid, nil
+}
+
+func (s *postgresStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return false, err
+	}
+	var ok bool
+	if err := s.queryRow(ctx, `SELECT pglock.lock_renew($1, $2, $3)`, key, owner, ttl.Milliseconds()).Scan(&ok); err != nil {
+		return false, fmt.Errorf("pglock: renew %q: %w", key, err)
+	}
+	return ok, nil
+}
+
+func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, error) {
+	if err := checkCall(key, owner, time.Millisecond); err != nil {
+		return false, err
+	}
+	var ok bool
+	if err := s.queryRow(ctx, `SELECT pglock.lock_release($1, $2)`, key, owner).Scan(&ok); err != nil {
+		return false, fmt.Errorf("pglock: release %q: %w", key, err)
+	}
+	return ok, nil
+}
+
+func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	if len(keys) != len(owners) {
+		return nil, invalidArg("renew many: %d keys and %d owners", len(keys), len(owners))
+	}
+	for i := range keys {
+		if err := checkCall(keys[i], owners[i], ttl); err != nil {
+			return nil, err
+		}
+	}
+	renewed, err := s.queryKeys(ctx, `SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)`,
+		s.array(keys), s.array(owners), ttl.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("pglock: renew %d locks: %w", len(keys), err)
+	}
+	return renewed, nil
+}
+
+// arrayLiteral writes s as a PostgreSQL text[] literal, every element quoted.
+func arrayLiteral(s []string) any {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, e := range s {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, r := range e {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
