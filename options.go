@@ -37,8 +37,8 @@ type config struct {
 // MinTTL and MaxTTL. Locks are renewed every ttl/3.
 func WithTTL(ttl time.Duration) Option {
 	return func(c *config) error {
-		if err := checkTTL(ttl); err != nil {
-			return fmt.Errorf("WithTTL: %w", err)
+		if err := checkTTL("WithTTL", ttl); err != nil {
+			return err
 		}
 		c.ttl = ttl
 		return nil
@@ -111,8 +111,8 @@ type lockConfig struct {
 // TTL sets this lock's ttl, instead of the client's: between MinTTL and MaxTTL.
 func TTL(ttl time.Duration) LockOption {
 	return func(c *lockConfig) error {
-		if err := checkTTL(ttl); err != nil {
-			return fmt.Errorf("TTL: %w", err)
+		if err := checkTTL("TTL", ttl); err != nil {
+			return err
 		}
 		c.ttl = ttl
 		return nil
@@ -132,9 +132,10 @@ func Wait(d time.Duration) LockOption {
 	}
 }
 
-func checkTTL(ttl time.Duration) error {
+// checkTTL returns an error naming what (an option, an argument) for a ttl out of range.
+func checkTTL(what string, ttl time.Duration) error {
 	if ttl < MinTTL || ttl > MaxTTL {
-		return invalidArg("ttl %v: want %v to %v", ttl, MinTTL, MaxTTL)
+		return invalidArg("%s: ttl %v: want %v to %v", what, ttl, MinTTL, MaxTTL)
 	}
 	return nil
 }
@@ -169,5 +170,5 @@ func checkCall(key, owner string, ttl time.Duration) error {
 	if owner == "" || !validText(owner) {
 		return invalidArg("owner %q: want non-empty valid UTF-8 without NUL", owner)
 	}
-	return checkTTL(ttl)
+	return checkTTL("ttl", ttl)
 }

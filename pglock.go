@@ -305,7 +305,8 @@ func (c *Client) Close(ctx context.Context) error {
 	c.mu.Unlock()
 	for _, l := range locks {
 		if ctx.Err() != nil {
-			break
+			l.abandon() // no longer renewed: it expires in the store after its ttl
+			continue
 		}
 		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLockLost) {
 			errs = append(errs, err)
@@ -417,6 +418,17 @@ func (l *Lock) lostError(r renewer.Reason) *LockLostError {
 		reason = ReasonRefused
 	}
 	return &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
+}
+
+// abandon ends a lock that Close could not release in time.
+func (l *Lock) abandon() {
+	l.mu.Lock()
+	if !l.done {
+		l.done, l.err = true, ErrClosed
+	}
+	l.mu.Unlock()
+	l.c.forget(l)
+	l.cancel(ErrClosed)
 }
 
 // lose is the renewer's report that the lock is lost.

@@ -28,3 +28,18 @@ func Script(migrations fs.FS) ([]byte, error) {
 	}
 	return b.Bytes(), nil
 }
+
+// Versions returns the version numbers of the up migrations, in order.
+func Versions(migrations fs.FS) ([]int, error) {
+	names, err := fs.Glob(migrations, "*.up.sql")
+	if err != nil {
+		return nil, err
+	}
+	versions := make([]int, len(names))
+	for i, name := range names {
+		if _, err := fmt.Sscanf(name, "%d_", &versions[i]); err != nil {
+			return nil, fmt.Errorf("migration %s: %w", name, err)
+		}
+	}
+	return versions, nil
+}

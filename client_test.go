@@ -1,0 +1,422 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// lockRows returns the number of rows in pglock.locks.
+func lockRows(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM pglock.locks").Scan(&n))
+	return n
+}
+
+func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	c := newClient(t, pglock.NewPostgresStore(pool))
+	fn := func(context.Context) error { return nil }
+	long := strings.Repeat("é", pglock.MaxKeyLength+1)
+	cases := []struct {
+		name string
+		key  string
+		opts []pglock.LockOption
+		fn   func(context.Context) error
+		want error
+	}{
+		{"EmptyKey", "", nil, fn, pglock.ErrInvalidKey},
+		{"KeyOver500Characters", long, nil, fn, pglock.ErrInvalidKey},
+		{"InvalidUTF8", "inv\xffalid", nil, fn, pglock.ErrInvalidKey},
+		{"NULByte", "nul\x00key", nil, fn, pglock.ErrInvalidKey},
+		{"TTLUnder1ms", "k", []pglock.LockOption{pglock.TTL(time.Microsecond)}, fn, pglock.ErrInvalidArgument},
+		{"ZeroTTL", "k", []pglock.LockOption{pglock.TTL(0)}, fn, pglock.ErrInvalidArgument},
+		{"TTLOverOneYear", "k", []pglock.LockOption{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, fn, pglock.ErrInvalidArgument},
+		{"NegativeWait", "k", []pglock.LockOption{pglock.Wait(-time.Second)}, fn, pglock.ErrInvalidArgument},
+		{"NilOption", "k", []pglock.LockOption{nil}, fn, pglock.ErrInvalidArgument},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.TryAcquire(t.Context(), tc.key, tc.opts...)
+			require.ErrorIs(t, err, tc.want)
+			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+			_, err = c.Acquire(t.Context(), tc.key, tc.opts...)
+			require.ErrorIs(t, err, tc.want)
+			ran := false
+			err = c.WithLock(t.Context(), tc.key, func(context.Context) error { ran = true; return nil }, tc.opts...)
+			require.ErrorIs(t, err, tc.want)
+			require.False(t, ran)
+		})
+	}
+	t.Run("NilFn", func(t *testing.T) {
+		require.ErrorIs(t, c.WithLock(t.Context(), "k", nil), pglock.ErrInvalidArgument)
+	})
+	require.Zero(t, lockRows(t, pool), "bad input wrote to the locks table")
+}
+
+func TestBadOptionsNameTheOption(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewMemoryStore(nil)
+	cases := []struct {
+		name string
+		opt  pglock.Option
+		want string
+	}{
+		{"TTLZero", pglock.WithTTL(0), "WithTTL"},
+		{"TTLOverOneYear", pglock.WithTTL(pglock.MaxTTL + 1), "WithTTL"},
+		{"EmptyInstanceName", pglock.WithInstanceName(""), "WithInstanceName"},
+		{"InstanceNameWithNUL", pglock.WithInstanceName("a\x00b"), "WithInstanceName"},
+		{"NilEventHandler", pglock.WithEventHandler(nil), "WithEventHandler"},
+		{"NilOption", nil, "nil Option"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := pglock.NewWithStore(store, tc.opt)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			require.ErrorContains(t, err, tc.want)
+			require.Nil(t, c)
+		})
+	}
+	_, err := pglock.NewWithStore(nil)
+	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+	_, err = pglock.New(nil)
+	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+}
+
+// zeroTokenStore is a broken store: it hands out token 0.
+type zeroTokenStore struct {
+	pglock.Store
+	released atomic.Int32
+}
+
+func (s *zeroTokenStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+	_, ok, err := s.Store.Acquire(ctx, key, owner, ttl)
+	return 0, ok, err
+}
+
+func (s *zeroTokenStore) Release(ctx context.Context, key, owner string) (bool, error) {
+	s.released.Add(1)
+	return s.Store.Release(ctx, key, owner)
+}
+
+func TestStoreAnsweringNonPositiveTokenIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	broken := &zeroTokenStore{Store: pglock.NewPostgresStore(pool)}
+	c := newClient(t, broken)
+	_, err := c.TryAcquire(t.Context(), "k")
+	require.ErrorIs(t, err, pglock.ErrInvalidToken)
+	require.EqualValues(t, 1, broken.released.Load(), "the lock it took is handed back")
+	var owners int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(owner) FROM pglock.locks").Scan(&owners))
+	require.Zero(t, owners)
+}
+
+func TestStoreRejectsBadCalls(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	for name, store := range map[string]pglock.Store{
+		"Postgres": pglock.NewPostgresStore(pool),
+		"Memory":   pglock.NewMemoryStore(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			_, _, err := store.Acquire(ctx, "", "o", time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidKey)
+			_, _, err = store.Acquire(ctx, "k", "", time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, _, err = store.Acquire(ctx, "k", "o", 0)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.Renew(ctx, "k", "o", -time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.Release(ctx, "k\x00", "o")
+			require.ErrorIs(t, err, pglock.ErrInvalidKey)
+		})
+	}
+	_, err := pglock.NewPostgresStore(pool).(pglock.BatchRenewer).RenewMany(t.Context(), []string{"a"}, nil, time.Second)
+	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+	require.Zero(t, lockRows(t, pool))
+}
+
+func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	clock := pglocktest.NewManualClock(time.Now())
+	a := newClient(t, store, pglock.WithTTL(time.Second), pglock.WithClock(clock))
+	b := newClient(t, store, pglock.WithTTL(time.Second))
+
+	inside := make(chan *pglock.Lock)
+	result := make(chan error)
+	go func() {
+		result <- a.WithLock(t.Context(), "payment:42", func(ctx context.Context) error {
+			l, ok := pglock.FromContext(ctx)
+			if !ok {
+				return errors.New("no lock in ctx")
+			}
+			inside <- l
+			<-ctx.Done()
+			return context.Cause(ctx)
+		})
+	}()
+	lockA := <-inside
+	time.Sleep(1200 * time.Millisecond) // database time: A's lease expires
+	lockB, err := b.TryAcquire(t.Context(), "payment:42")
+	require.NoError(t, err)
+	require.Greater(t, lockB.Token(), lockA.Token())
+
+	clock.Advance(time.Second) // A's renewal is refused: fn's ctx ends
+	err = <-result
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, err, &lost)
+	require.Equal(t, "payment:42", lost.Key)
+	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+}
+
+func TestWithLockReleasesWhenFnPanics(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	c := newClient(t, pglock.NewPostgresStore(pool))
+	require.PanicsWithValue(t, "boom", func() {
+		_ = c.WithLock(t.Context(), "k", func(context.Context) error { panic("boom") })
+	})
+	l, err := c.TryAcquire(t.Context(), "k")
+	require.NoError(t, err, "the lock was released on the panic")
+	require.NoError(t, l.Release(t.Context()))
+	require.NoError(t, l.Release(t.Context()), "Release is idempotent")
+}
+
+func TestWithLockReturnsFnErrorAndCallerCancellation(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	c := newClient(t, pglock.NewPostgresStore(pool))
+	boom := errors.New("boom")
+	require.ErrorIs(t, c.WithLock(t.Context(), "k", func(context.Context) error { return boom }), boom)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	err := c.WithLock(ctx, "k", func(ctx context.Context) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	_, err = c.TryAcquire(t.Context(), "k")
+	require.NoError(t, err, "released although the caller's ctx was cancelled")
+}
+
+func TestAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	a := newClient(t, store)
+	b := newClient(t, store)
+	held, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+
+	got := make(chan *pglock.Lock)
+	go func() {
+		l, err := b.Acquire(t.Context(), "k", pglock.Wait(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	time.Sleep(50 * time.Millisecond) // let the waiter find the key held at least once
+	require.NoError(t, held.Release(t.Context()))
+	select {
+	case l := <-got:
+		require.Greater(t, l.Token(), held.Token())
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter did not get the lock after its release")
+	}
+}
+
+func TestAcquireGivesUpAfterWaitOrCtx(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	a := newClient(t, store)
+	b := newClient(t, store)
+	_, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+
+	start := time.Now()
+	_, err = b.Acquire(t.Context(), "k", pglock.Wait(200*time.Millisecond))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+
+	_, err = b.Acquire(t.Context(), "k", pglock.Wait(0))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = b.Acquire(ctx, "k")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	a := newClient(t, store, pglock.WithTTL(300*time.Millisecond))
+	b := newClient(t, store)
+	l, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	time.Sleep(time.Second) // database time: three ttls, renewed every 100 ms
+	require.True(t, l.Held())
+	_, err = b.TryAcquire(t.Context(), "k")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// failingStore fails every renewal while failing is set.
+type failingStore struct {
+	pglock.Store
+	failing atomic.Bool
+}
+
+var errStoreDown = errors.New("store down")
+
+func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
+	if s.failing.Load() {
+		return false, errStoreDown
+	}
+	return s.Store.Renew(ctx, key, owner, ttl)
+}
+
+func TestFailedRenewalsLoseTheLockAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := &failingStore{Store: pglock.NewPostgresStore(pool)}
+	clock := pglocktest.NewManualClock(time.Now())
+	var events []pglock.Event
+	var mu sync.Mutex
+	c := newClient(t, store, pglock.WithTTL(time.Minute), pglock.WithClock(clock), pglock.WithEventHandler(func(e pglock.Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}))
+	l, err := c.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	clock.Advance(20 * time.Second) // renewed
+	store.failing.Store(true)
+	clock.Advance(59 * time.Second) // renewals fail; the deadline (20 s + 60 s) not yet reached
+	require.True(t, l.Held())
+	clock.Advance(time.Second)
+	require.False(t, l.Held())
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(l.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.NoError(t, c.Close(t.Context()))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 2)
+	require.Equal(t, pglock.EventAcquired, events[0].Type)
+	require.Equal(t, pglock.EventLost, events[1].Type)
+	require.Equal(t, pglock.ReasonExpired, events[1].Reason)
+	require.Equal(t, l.Token(), events[1].Token)
+}
+
+func TestCloseReleasesEverything(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	a, err := pglock.NewWithStore(store)
+	require.NoError(t, err)
+	b := newClient(t, store)
+	var locks []*pglock.Lock
+	for _, k := range []string{"a", "b", "c"} {
+		l, err := a.TryAcquire(t.Context(), k)
+		require.NoError(t, err)
+		locks = append(locks, l)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // a cancelled ctx: Close gives up at once and leaves the locks to expire...
+	require.ErrorIs(t, a.Close(ctx), context.Canceled)
+	a, err = pglock.NewWithStore(store)
+	require.NoError(t, err)
+	for _, l := range locks {
+		require.False(t, l.Held())
+	}
+	for _, k := range []string{"d", "e"} {
+		_, err := a.TryAcquire(t.Context(), k)
+		require.NoError(t, err)
+	}
+	require.NoError(t, a.Close(t.Context())) // ...a live one hands everything back
+	for _, k := range []string{"d", "e"} {
+		_, err := b.TryAcquire(t.Context(), k)
+		require.NoError(t, err, "closed client handed %q back", k)
+	}
+	_, err = a.TryAcquire(t.Context(), "f")
+	require.ErrorIs(t, err, pglock.ErrClosed)
+	require.NoError(t, a.Close(t.Context()), "Close twice")
+}
+
+func TestHeldLocksCostNoGoroutine(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	c := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	l, err := c.TryAcquire(t.Context(), "warm-up") // the first lock starts the renewer's timer
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+	for i := range 200 {
+		_, err := c.TryAcquire(t.Context(), "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26))
+		require.NoError(t, err)
+	}
+	require.LessOrEqual(t, runtime.NumGoroutine(), before)
+	require.NoError(t, l.Release(t.Context()))
+}
+
+func TestOneHolderAtATimeUnderRace(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	const instances, rounds = 4, 25
+	clients := make([]*pglock.Client, instances)
+	for i := range clients {
+		clients[i] = newClient(t, store)
+	}
+	var inside, maxInside, runs atomic.Int32
+	var lastToken atomic.Int64
+	var wg sync.WaitGroup
+	for i := range instances * 4 {
+		wg.Go(func() {
+			for range rounds {
+				err := clients[i%instances].WithLock(t.Context(), "counter", func(ctx context.Context) error {
+					n := inside.Add(1)
+					defer inside.Add(-1)
+					if n > maxInside.Load() {
+						maxInside.Store(n)
+					}
+					l, _ := pglock.FromContext(ctx)
+					if prev := lastToken.Swap(l.Token()); prev >= l.Token() {
+						t.Errorf("token went back: %d after %d", l.Token(), prev)
+					}
+					runs.Add(1)
+					return nil
+				}, pglock.Wait(30*time.Second))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, maxInside.Load())
+	require.EqualValues(t, instances*4*rounds, runs.Load())
+}
