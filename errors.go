@@ -11,7 +11,7 @@ import (
 var (
 	// ErrNotAcquired: the key is held by a live holder (TryAcquire), or stayed held
 	// for the whole wait (Acquire, WithLock).
-	ErrNotAcquired = errors.New("pglock: lock not acquired: the key is held")
+	ErrNotAcquired = errors.New("pglock: lock not acquired")
 	// ErrLockLost: a lock was lost before it was released. A *LockLostError matches it.
 	ErrLockLost = errors.New("pglock: lock lost")
 	// ErrClosed: the Client was closed.

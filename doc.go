@@ -1,0 +1,45 @@
+// Package pglock makes a piece of work something one instance of an application holds:
+// a lease on a key in PostgreSQL, renewed in the background while the holder is up,
+// with a fencing token that grows with every acquisition of the key and a context that
+// is cancelled the moment the lease is lost.
+//
+// On that lease it builds scheduled jobs that run on one instance and never overlap
+// themselves (Client.Job, for gocron v2), locks you take yourself (Client.TryAcquire,
+// Client.Acquire, Client.WithLock), and leader election (Client.Elect).
+//
+// # Set-up
+//
+// Migrate creates the schema pglock (a table, a sequence and a few SQL functions; the
+// same as one script in sql/pglock.sql). New returns a Client on a pgx pool. Every
+// atomic decision (who holds a key, when it expires) is one statement in PostgreSQL,
+// on the database's clock, so the instances' clocks never decide who holds a lock.
+//
+// # What a lease promises
+//
+// Of any number of instances, at most one holds a live lease on a key, as the database
+// counts time. The holder renews it every ttl/3, in one statement for all the locks a
+// Client holds. A holder counts its own deadline, ttl from the moment it sent the last
+// renewal the database confirmed; that is before the database started its ttl, so a
+// holder that is running gives up (its Lock.Context is cancelled with a
+// *LockLostError) no later than the database expires the lease.
+//
+// # What it does not promise, and why fencing exists
+//
+// A lease cannot stop a holder that is not running: paused in a stop-the-world
+// collection, swapped out, migrated, stopped with SIGSTOP. Its lease expires, another
+// instance takes the key, and when the first one runs again it carries on with what it
+// was doing, believing it still holds the lock, until its next renewal is refused.
+// Nothing on the holder's side can close that window. Only the resource being written
+// can: every acquisition gets a fencing token greater than every token the key had
+// before (across releases, expiries, and a sequence that went back), and a write that
+// carries its token can be refused when a newer holder has written. FenceUpdate and
+// ExecFenced fence an UPDATE by a token column; FenceHeld fences any UPDATE or DELETE
+// by the lock itself, which only works because the lock lives in the same database as
+// the data.
+//
+// # Shutdown
+//
+// Close a Client at shutdown so that its leases are handed back at once instead of
+// expiring after ttl: first stop the scheduler (gocron's Shutdown), then Client.Close,
+// then close the pool.
+package pglock
