@@ -1,0 +1,78 @@
+package pglock_test
+
+import (
+	"context"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/schema"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+func TestMigrateFromThreeInstancesAtOnce(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t) // migrated once already: drop it all and race three
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "DROP SCHEMA pglock CASCADE")
+	require.NoError(t, err)
+
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- pglock.Migrate(ctx, url) }()
+	}
+	for range 3 {
+		require.NoError(t, <-errs)
+	}
+	var version int
+	var dirty bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT version, dirty FROM pglock.schema_migrations").Scan(&version, &dirty))
+	require.False(t, dirty)
+	names, err := schema.Versions(pglock.Migrations)
+	require.NoError(t, err)
+	require.Equal(t, names[len(names)-1], version)
+	require.NoError(t, pglock.Migrate(ctx, url), "migrating an up-to-date schema is a no-op")
+}
+
+func TestMigrateRejectsBadURL(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{"mysql://localhost/db", "::not a url", "host=localhost dbname=x"} {
+		err := pglock.Migrate(t.Context(), url)
+		require.ErrorContains(t, err, "pglock: migrate", url)
+	}
+}
+
+func TestSQLScriptIsFresh(t *testing.T) {
+	t.Parallel()
+	want, err := schema.Script(pglock.Migrations)
+	require.NoError(t, err)
+	got, err := os.ReadFile("sql/pglock.sql")
+	require.NoError(t, err)
+	require.Equal(t, string(want), string(got), "sql/pglock.sql is stale: run go generate")
+}
+
+func TestSQLScriptRunsTwice(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, "DROP SCHEMA pglock CASCADE")
+	require.NoError(t, err)
+	script, err := os.ReadFile("sql/pglock.sql")
+	require.NoError(t, err)
+	for range 2 {
+		_, err = conn.Exec(ctx, string(script))
+		require.NoError(t, err)
+	}
+	var token int64
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'o', 1000)").Scan(&token))
+	require.Positive(t, token)
+}

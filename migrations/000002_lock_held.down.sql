@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS pglock.lock_held(text, bigint);
