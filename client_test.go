@@ -367,7 +367,6 @@ func TestCloseReleasesEverything(t *testing.T) {
 }
 
 func TestHeldLocksCostNoGoroutine(t *testing.T) {
-	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	c := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
 	l, err := c.TryAcquire(t.Context(), "warm-up") // the first lock starts the renewer's timer

@@ -1,0 +1,171 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-co-op/gocron/v2"
+)
+
+// Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
+// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
+// it with JobOptions, for example:
+//
+//	job, err := client.Job("inventory:stock-reconciliation", reconcile, pglock.OnOneInstance(), pglock.WithoutOverlapping())
+//	...
+//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.JobOptions("stock-reconciliation")...)
+func (j *Job) Task() gocron.Task {
+	return gocron.NewTask(j.Run)
+}
+
+// JobOptions returns the gocron job options pglock recommends for a job named name:
+// gocron.WithName(name) and gocron.WithSingletonMode(gocron.LimitModeReschedule), so
+// that gocron refuses an overlap inside one process before pglock makes any store
+// call. Append options of your own to the result. gocron's NewJob refuses an empty name.
+func JobOptions(name string) []gocron.JobOption {
+	return []gocron.JobOption{gocron.WithName(name), gocron.WithSingletonMode(gocron.LimitModeReschedule)}
+}
+
+// GocronElector returns a gocron.Elector (gocron.WithDistributedElector) under which
+// only the leader's scheduler runs jobs. The leader holds a sticky lease on key, taken
+// by the first IsLeader that finds it free and then kept, renewed, for as long as the
+// client is up, exactly as OnOneInstance's lease: the other instances' schedulers skip
+// every job (logged at debug with key, emitted as an EventJobSkipped); when the leader
+// dies, the first IsLeader after the ttl takes over; at Close the lease is handed back
+// (kept for the rest of the second after the last IsLeader that let a job run). opts
+// may set its TTL; Wait is ignored.
+//
+// key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
+// ErrInvalidArgument (a bad option, a taken key) or ErrClosed. IsLeader returns nil
+// on the leader, an error matching ErrNotAcquired elsewhere, ErrClosed once the
+// client's Close has begun, or a store error; ctx bounds its store call. It is safe for
+// concurrent use.
+func (c *Client) GocronElector(key string, opts ...LockOption) (gocron.Elector, error) {
+	lc, err := c.lockConfig(key, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.register(fmt.Sprintf("gocron elector %q", key), key); err != nil {
+		return nil, err
+	}
+	e := &gocronElector{lease: newLease(c, key, key, lc.ttl)}
+	c.onClose(func(ctx context.Context) error { return shutdown(ctx, nil, e.lease) })
+	return e, nil
+}
+
+type gocronElector struct {
+	lease *lease
+}
+
+func (e *gocronElector) IsLeader(ctx context.Context) error {
+	if _, err := e.lease.hold(ctx); err != nil {
+		return err
+	}
+	e.lease.ran()
+	return nil
+}
+
+// GocronLocker returns a gocron.Locker (gocron.WithDistributedLocker, or
+// gocron.WithDistributedJobLocker) whose locks are sticky leases rather than per-run
+// locks. gocron takes a lock per run, named after the job; a per-run lock released at
+// the end of a fast run lets an instance whose tick comes a few milliseconds later run
+// the same tick again (gocron issue #841). Here, Lock for job name takes the lease
+// "<name>:owner" (OnOneInstance's lease of a job keyed name) at the first tick that
+// finds it free and keeps it, renewed, between ticks for as long as the client is up;
+// on the other instances, Lock returns an error matching ErrNotAcquired and gocron
+// skips the run (logged at debug, emitted as an EventJobSkipped). Unlock keeps the
+// lease: it needs no store call, so it works with the cancelled ctx gocron passes at
+// its shutdown; it emits an EventJobRan and returns a *LockLostError when the lease
+// was lost during the run, else nil.
+//
+// Each job name is checked and registered as a Job's key at its first Lock (an error
+// matching ErrInvalidKey or ErrInvalidArgument then). At Close, runs between Lock and
+// Unlock finish (bounded by ctx) and the leases are handed back, each kept for the rest
+// of the second after its last run started. opts may set the leases' TTL; Wait is
+// ignored. GocronLocker returns an error matching ErrInvalidArgument for a bad option,
+// or ErrClosed. The locker is safe for concurrent use.
+func (c *Client) GocronLocker(opts ...LockOption) (gocron.Locker, error) {
+	lc, err := c.lockOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	k := &gocronLocker{c: c, ttl: lc.ttl, runs: runs{c: c}, leases: make(map[string]*lease)}
+	c.onClose(func(ctx context.Context) error {
+		k.mu.Lock()
+		leases := slices.Collect(maps.Values(k.leases))
+		k.mu.Unlock()
+		return shutdown(ctx, &k.runs, leases...)
+	})
+	return k, nil
+}
+
+type gocronLocker struct {
+	c    *Client
+	ttl  time.Duration
+	runs runs
+
+	mu     sync.Mutex
+	leases map[string]*lease // by job name
+}
+
+func (k *gocronLocker) Lock(ctx context.Context, name string) (gocron.Lock, error) {
+	s, err := k.lease(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.runs.start(); err != nil {
+		return nil, err
+	}
+	l, err := s.hold(ctx)
+	if err != nil {
+		k.runs.end()
+		return nil, err
+	}
+	s.ran()
+	return &gocronLock{k: k, job: name, l: l}, nil
+}
+
+// lease returns the lease of job name, registering it at its first use.
+func (k *gocronLocker) lease(name string) (*lease, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if s, ok := k.leases[name]; ok {
+		return s, nil
+	}
+	if err := checkJobKey(name); err != nil {
+		return nil, err
+	}
+	if err := k.c.register(fmt.Sprintf("gocron locker job %q", name), name+leaseSuffix); err != nil {
+		return nil, err
+	}
+	s := newLease(k.c, name, name+leaseSuffix, k.ttl)
+	k.leases[name] = s
+	return s, nil
+}
+
+type gocronLock struct {
+	k    *gocronLocker
+	job  string
+	l    *Lock
+	once sync.Once
+}
+
+func (g *gocronLock) Unlock(context.Context) error {
+	var err error
+	g.once.Do(func() {
+		if cause := context.Cause(g.l.Context()); errors.Is(cause, ErrLockLost) {
+			err = cause
+		}
+		g.k.c.jobEvent(EventJobRan, g.job, g.l, "")
+		g.k.runs.end()
+	})
+	return err
+}
