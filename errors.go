@@ -16,6 +16,9 @@ var (
 	ErrLockLost = errors.New("pglock: lock lost")
 	// ErrClosed: the Client was closed.
 	ErrClosed = errors.New("pglock: client closed")
+	// ErrResigned: the context.Cause of a leader's OnAcquired context after
+	// Election.Resign.
+	ErrResigned = errors.New("pglock: resigned from the election")
 	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters, not valid
 	// UTF-8, or contains a NUL byte.
 	ErrInvalidKey = errors.New("pglock: invalid key")

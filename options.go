@@ -6,6 +6,8 @@ import (
 	"os"
 	"time"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Limits on what a Client accepts.
@@ -31,6 +33,8 @@ type config struct {
 	clock    Clock
 	instance string
 	onEvent  func(Event)
+	listen   *pgx.ConnConfig // the listener's connection (New); nil: waiting polls
+	noListen bool
 }
 
 // WithTTL sets the default ttl of the client's locks (DefaultTTL if not set): between
@@ -80,13 +84,37 @@ func WithInstanceName(name string) Option {
 // WithEventHandler sets a function called with every Event, in order, on one goroutine
 // of the client's own: a slow handler delays later events, never renewals or callers.
 // Events queue without bound while the handler is slow. Close waits for the queue to
-// drain. A panic in the handler is recovered and logged.
+// drain; an event that comes after Close has returned (a leader that Close gave up
+// waiting for steps down later) is dropped. A panic in the handler is recovered and
+// logged.
 func WithEventHandler(h func(Event)) Option {
 	return func(c *config) error {
 		if h == nil {
 			return invalidArg("WithEventHandler: nil handler")
 		}
 		c.onEvent = h
+		return nil
+	}
+}
+
+// WithoutListener makes a Client of New wait by polling alone. By default such a client
+// opens one extra connection from its pool's configuration, the first time one of its
+// Acquire calls or elections has to wait, and LISTENs on it, so that a release of the
+// key wakes the waiter at once rather than at its next retry (a leader's Close or
+// Resign hands over within milliseconds, not ttl/3). Use it behind PgBouncer in
+// transaction mode, where LISTEN does not work, or to spare the connection. Clients
+// of NewWithStore always poll.
+func WithoutListener() Option {
+	return func(c *config) error {
+		c.noListen = true
+		return nil
+	}
+}
+
+// listenOn is New's option: the configuration of the listener's connection.
+func listenOn(cfg *pgx.ConnConfig) Option {
+	return func(c *config) error {
+		c.listen = cfg
 		return nil
 	}
 }

@@ -31,6 +31,7 @@ type Client struct {
 	instance string
 	renewer  *renewer.Renewer
 	events   *events
+	listener *listener // wakes waiters when their key is released
 
 	mu      sync.Mutex
 	closed  bool
@@ -41,12 +42,14 @@ type Client struct {
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
 // have the pglock schema (see Migrate). The pool stays the caller's: close it after
-// Client.Close. Errors wrap ErrInvalidArgument and name the option at fault.
+// Client.Close. Unless WithoutListener is set, waiting also listens for releases on a
+// connection of its own, opened from the pool's configuration when first needed.
+// Errors wrap ErrInvalidArgument and name the option at fault.
 func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if pool == nil {
 		return nil, invalidArg("New: nil pool")
 	}
-	return NewWithStore(NewPostgresStore(pool), opts...)
+	return NewWithStore(NewPostgresStore(pool), append([]Option{listenOn(pool.Config().ConnConfig)}, opts...)...)
 }
 
 // NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
@@ -84,6 +87,11 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 		held:     make(map[*Lock]struct{}),
 		keys:     make(map[string]string),
 	}
+	if cfg.noListen {
+		cfg.listen = nil
+	}
+	c.listener = newListener(cfg.listen, store, cfg.logger)
+	c.onClose(c.listener.close)
 	c.renewer = renewer.New(renewer.Config{
 		Store: store,
 		Now:   cfg.clock.Now,
@@ -110,8 +118,10 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption)
 
 // Acquire takes key, waiting while it is held: it retries with exponential backoff and
 // jitter until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
-// is one attempt), or until ctx ends. A key that stays held returns an error matching
-// ErrNotAcquired (and, when ctx ended, ctx's cause too). Other errors are TryAcquire's.
+// is one attempt), or until ctx ends. With a listener (a client of New, see
+// WithoutListener), the key's release wakes it at once. Close ends the wait with
+// ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
+// ctx ended, ctx's cause too). Other errors are TryAcquire's.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
 	lc, err := c.lockConfig(key, opts)
 	if err != nil {
@@ -121,13 +131,15 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	if lc.waitSet {
 		deadline = c.clock.Now().Add(lc.wait)
 	}
+	w := c.listener.waiter(key)
+	defer w.stop()
 	backoff := 5 * time.Millisecond
 	for {
 		l, err := c.try(ctx, key, lc.ttl)
 		if !errors.Is(err, ErrNotAcquired) {
 			return l, err
 		}
-		pause := backoff/2 + rand.N(backoff/2+1) // jitter: callers that lost together retry apart
+		pause := jitter(backoff)
 		if lc.waitSet {
 			left := deadline.Sub(c.clock.Now())
 			if left <= 0 {
@@ -135,7 +147,10 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 			}
 			pause = min(pause, left)
 		}
-		if werr := c.sleep(ctx, pause); werr != nil {
+		if !w.want(ctx) {
+			continue // released in between
+		}
+		if werr := c.sleepOrWake(ctx, pause, w.woken()); werr != nil {
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
 		backoff = min(backoff*2, time.Second)
@@ -144,11 +159,18 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 
 // sleep waits d on the client's clock, or until ctx ends (returning its cause).
 func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	return c.sleepOrWake(ctx, d, nil)
+}
+
+// sleepOrWake is sleep that also returns, with nil, when wake fires (nil never does).
+func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
 	done := make(chan struct{})
 	t := c.clock.AfterFunc(d, func() { close(done) })
 	defer t.Stop()
 	select {
 	case <-done:
+		return nil
+	case <-wake:
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)
@@ -169,11 +191,9 @@ func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
-	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	fctx, stop := withLockContext(ctx, l)
 	defer func() {
 		stop()
-		cancel(context.Canceled)
 		if rerr := l.Release(ctx); err == nil {
 			err = rerr
 		}
@@ -182,10 +202,15 @@ func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.C
 }
 
 func (c *Client) lockConfig(key string, opts []LockOption) (lockConfig, error) {
-	lc := lockConfig{ttl: c.ttl}
 	if err := checkKey(key); err != nil {
-		return lc, err
+		return lockConfig{ttl: c.ttl}, err
 	}
+	return c.lockOptions(opts)
+}
+
+// lockOptions applies opts over the client's defaults.
+func (c *Client) lockOptions(opts []LockOption) (lockConfig, error) {
+	lc := lockConfig{ttl: c.ttl}
 	for _, opt := range opts {
 		if opt == nil {
 			return lc, invalidArg("nil LockOption")
@@ -270,7 +295,17 @@ func (c *Client) register(what string, keys ...string) error {
 	return nil
 }
 
-// onClose adds a step to Close, run before the client's remaining locks are released.
+// unregister frees keys that register reserved, for a job or an election that ended.
+func (c *Client) unregister(keys ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		delete(c.keys, k)
+	}
+}
+
+// onClose adds a step to Close, run beside the other steps and before the client's
+// remaining locks are released.
 func (c *Client) onClose(f func(ctx context.Context) error) {
 	c.mu.Lock()
 	c.closers = append(c.closers, f)
@@ -293,10 +328,14 @@ func (c *Client) Close(ctx context.Context) error {
 	closers := c.closers
 	c.mu.Unlock()
 
-	var errs []error
-	for _, f := range closers {
-		errs = append(errs, f(ctx))
+	// Jobs and elections shut down side by side: a leader's step-down must not wait
+	// behind a job lease kept for the rest of its second.
+	errs := make([]error, len(closers))
+	var wg sync.WaitGroup
+	for i, f := range closers {
+		wg.Go(func() { errs[i] = f(ctx) })
 	}
+	wg.Wait()
 	c.mu.Lock()
 	locks := make([]*Lock, 0, len(c.held))
 	for l := range c.held {
@@ -447,6 +486,17 @@ func (l *Lock) lose(r renewer.Reason) {
 }
 
 type lockContextKey struct{}
+
+// withLockContext returns ctx carrying l for FromContext, cancelled with l's cause when
+// l is lost or released; stop cancels it and lets go of l.
+func withLockContext(ctx context.Context, l *Lock) (_ context.Context, stop func()) {
+	lctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
+	unwatch := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	return lctx, func() {
+		unwatch()
+		cancel(context.Canceled)
+	}
+}
 
 // FromContext returns the lock ctx runs under: inside WithLock's fn, a job's run, or a
 // leader's OnAcquired, and from Lock.Context.

@@ -29,3 +29,26 @@ type Store interface {
 type BatchRenewer interface {
 	RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error)
 }
+
+// Holder is the live holder of a key, as a store sees it. The zero Holder means
+// nobody holds the key.
+type Holder struct {
+	Held      bool          // whether a live holder has the key; when not, the other fields are zero
+	Owner     string        // the holder's owner id: its instance name and a random suffix
+	Token     int64         // the fencing token of its acquisition
+	ExpiresIn time.Duration // how long the lock lives without another renewal, on the store's clock
+}
+
+// HolderReader is an optional Store capability: reading who holds a key, which
+// Election.Leader needs. The PostgreSQL and memory stores have it. Holder returns the
+// zero Holder when the key is free, released or expired.
+type HolderReader interface {
+	Holder(ctx context.Context, key string) (Holder, error)
+}
+
+// wantMarker is the PostgreSQL store's capability of marking a key wanted by a waiter,
+// so that its release notifies the listeners (see listener.go). wanted is true when a
+// live holder has the key and the mark is set; false means "try to acquire it now".
+type wantMarker interface {
+	markWanted(ctx context.Context, key string) (wanted bool, err error)
+}

@@ -8,7 +8,8 @@ import (
 
 // NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
 // clock (nil means the real clock). It excludes callers in one process only: instances
-// of an application must share a PostgreSQL store instead. It is safe for concurrent use.
+// of an application must share a PostgreSQL store instead. It implements HolderReader.
+// It is safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
 		clock = RealClock{}
@@ -83,4 +84,17 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 	}
 	l.owner = ""
 	return true, nil
+}
+
+func (s *memoryStore) Holder(_ context.Context, key string) (Holder, error) {
+	if err := checkKey(key); err != nil {
+		return Holder{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.live(key, "")
+	if l == nil {
+		return Holder{}, nil
+	}
+	return Holder{Held: true, Owner: l.owner, Token: l.token, ExpiresIn: l.expires.Sub(s.clock.Now())}, nil
 }

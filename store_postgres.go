@@ -18,8 +18,8 @@ type Queryer interface {
 }
 
 // NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
-// It implements BatchRenewer. Every call is one statement calling one of the schema's
-// functions, so it works behind PgBouncer in transaction mode.
+// It implements BatchRenewer and HolderReader. Every call is one statement calling one
+// of the schema's functions, so it works behind PgBouncer in transaction mode.
 func NewPostgresStore(db Queryer) Store {
 	return &postgresStore{
 		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRow(ctx, q, args...) },
@@ -35,7 +35,8 @@ func NewPostgresStore(db Queryer) Store {
 }
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
-// users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer.
+// users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer
+// and HolderReader.
 func NewSQLStore(db *sql.DB) Store {
 	return &postgresStore{
 		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRowContext(ctx, q, args...) },
@@ -117,6 +118,31 @@ func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, tt
 		return nil, fmt.Errorf("pglock: renew %d locks: %w", len(keys), err)
 	}
 	return renewed, nil
+}
+
+func (s *postgresStore) Holder(ctx context.Context, key string) (Holder, error) {
+	if err := checkKey(key); err != nil {
+		return Holder{}, err
+	}
+	var owner sql.NullString
+	var token, expiresInUS sql.NullInt64
+	err := s.queryRow(ctx, `SELECT owner, fencing_token, expires_in_us FROM pglock.lock_holder($1)`, key).
+		Scan(&owner, &token, &expiresInUS)
+	if err != nil {
+		return Holder{}, fmt.Errorf("pglock: read the holder of %q: %w", key, err)
+	}
+	if !owner.Valid {
+		return Holder{}, nil
+	}
+	return Holder{Held: true, Owner: owner.String, Token: token.Int64, ExpiresIn: time.Duration(expiresInUS.Int64) * time.Microsecond}, nil
+}
+
+func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error) {
+	var wanted bool
+	if err := s.queryRow(ctx, `SELECT pglock.lock_want($1)`, key).Scan(&wanted); err != nil {
+		return false, fmt.Errorf("pglock: mark %q wanted: %w", key, err)
+	}
+	return wanted, nil
 }
 
 // arrayLiteral writes s as a PostgreSQL text[] literal, every element quoted.

@@ -15,8 +15,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
@@ -42,7 +40,7 @@ func run(ctx context.Context) error {
 	}
 	defer srv.Stop()
 	fmt.Printf("PostgreSQL: %s\n", srv.How)
-	url, err := ownDatabase(ctx, srv.URL)
+	url, err := pgserver.EnsureDatabase(ctx, srv.URL, database)
 	if err != nil {
 		return err
 	}
@@ -146,19 +144,3 @@ func run(ctx context.Context) error {
 }
 
 func step(s string) { fmt.Println("\n" + s) }
-
-// ownDatabase creates the quickstart's database on the server if it is missing and
-// returns its URL, so the quickstart never writes to another database.
-func ownDatabase(ctx context.Context, serverURL string) (string, error) {
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "CREATE DATABASE "+database)
-	var pgErr *pgconn.PgError
-	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P04") { // duplicate_database
-		return "", err
-	}
-	return pgserver.WithDatabase(serverURL, database)
-}

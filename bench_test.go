@@ -1,0 +1,494 @@
+package pglock_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// The machine these run on is shared and its load drifts over seconds, so every
+// benchmark times its subject and its baselines in alternating chunks of about
+// chunkTarget each (interleave) and reports the subject as a multiple of each baseline
+// (the vs-* metrics): both sides of a ratio saw the same load. BENCHMARKS.md has the
+// results and how to rerun them.
+
+// chunkTarget is about how long one op runs before the next takes its turn: short,
+// because the latency of a WAL flush here moves within a second. An op on several
+// goroutines runs at least 20 operations per goroutine a turn, so that the turn's
+// wall time is not its slowest goroutine's last operation.
+const chunkTarget = 10 * time.Millisecond
+
+// benchOp is one operation a benchmark times: run does it once on behalf of goroutine
+// g (0 <= g < goroutines), so that each goroutine can own its key or its row.
+type benchOp struct {
+	name       string
+	goroutines int
+	run        func(ctx context.Context, g int) error
+}
+
+// spread calls fn(g, i) for every i in [0, n) from the given number of goroutines, g
+// being the calling goroutine's index, and returns the first error.
+func spread(goroutines, n int, fn func(g, i int) error) error {
+	var (
+		next  atomic.Int64
+		wg    sync.WaitGroup
+		once  sync.Once
+		first error
+	)
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := fn(g, i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+// warmUp runs every op once on each of its goroutines, so that the pool has opened its
+// connections and prepared the statements before the clock starts, and resets the timer.
+func warmUp(b *testing.B, ops ...benchOp) {
+	b.Helper()
+	for _, op := range ops {
+		require.NoError(b, spread(op.goroutines, op.goroutines, func(g, _ int) error { return op.run(b.Context(), g) }))
+	}
+	b.ResetTimer()
+}
+
+// interleave runs every op b.N times, each on its own number of goroutines, taking
+// turns in chunks of about chunkTarget (the order rotating every round), and returns
+// the wall time each op took in all.
+func interleave(b *testing.B, ops ...benchOp) []time.Duration {
+	b.Helper()
+	total := make([]time.Duration, len(ops))
+	done := make([]int, len(ops))
+	chunk := make([]int, len(ops))
+	least := make([]int, len(ops))
+	for i, op := range ops {
+		least[i] = 1
+		if op.goroutines > 1 {
+			least[i] = 20 * op.goroutines
+		}
+		chunk[i] = least[i]
+	}
+	for round := 0; ; round++ {
+		busy := false
+		for j := range ops {
+			i := (round + j) % len(ops)
+			n := min(chunk[i], b.N-done[i])
+			if n <= 0 {
+				continue
+			}
+			busy = true
+			op := ops[i]
+			start := time.Now()
+			require.NoError(b, spread(op.goroutines, n, func(g, _ int) error { return op.run(b.Context(), g) }), op.name)
+			d := time.Since(start)
+			total[i] += d
+			done[i] += n
+			chunk[i] = max(least[i], int(int64(n)*int64(chunkTarget)/max(int64(d), 1)))
+		}
+		if !busy {
+			return total
+		}
+	}
+}
+
+// reportVs reports the first op's wall time per operation as ns/op and, for every
+// other op (a baseline), its own as <name>-ns/op and the first op's as a multiple of
+// it, vs-<name>.
+func reportVs(b *testing.B, ops []benchOp, total []time.Duration) {
+	perOp := func(i int) float64 { return float64(total[i].Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(perOp(0), "ns/op")
+	for i := 1; i < len(ops); i++ {
+		b.ReportMetric(perOp(i), ops[i].name+"-ns/op")
+		b.ReportMetric(perOp(0)/perOp(i), "vs-"+ops[i].name)
+	}
+}
+
+// acquireRelease is the subject of BenchmarkAcquireRelease: TryAcquire and Release,
+// each goroutine on its own key.
+func acquireRelease(c *pglock.Client, goroutines int) benchOp {
+	keys := make([]string, goroutines)
+	for g := range keys {
+		keys[g] = "bench:distinct:" + strconv.Itoa(g)
+	}
+	return benchOp{name: "pglock", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+		l, err := c.TryAcquire(ctx, keys[g])
+		if err != nil {
+			return err
+		}
+		return l.Release(ctx)
+	}}
+}
+
+// selectOne is one round trip that touches no table.
+func selectOne(pool *pgxpool.Pool, goroutines int) benchOp {
+	return benchOp{name: "select1", goroutines: goroutines, run: func(ctx context.Context, _ int) error {
+		var one int
+		return pool.QueryRow(ctx, "SELECT 1").Scan(&one)
+	}}
+}
+
+// BenchmarkAcquireRelease times TryAcquire + Release on distinct keys against a SELECT 1,
+// a pg_try_advisory_lock + pg_advisory_unlock pair (two round trips on one session,
+// nothing durable) and two durable single-row UPDATEs of a plain table: the least a
+// lock that survives a crash can cost, a WAL flush for the acquire and one for the
+// release. Target: vs-update2 <= 1.15.
+func BenchmarkAcquireRelease(b *testing.B) {
+	for _, goroutines := range []int{1, 16} {
+		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
+			ctx := b.Context()
+			pool := pglocktest.Postgres(b)
+			c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+			_, err := pool.Exec(ctx, "CREATE TABLE bench_rows (id int PRIMARY KEY, v bigint NOT NULL)")
+			require.NoError(b, err)
+			_, err = pool.Exec(ctx, "INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, $1) g", goroutines-1)
+			require.NoError(b, err)
+
+			advisory := benchOp{name: "advisory", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+				conn, err := pool.Acquire(ctx) // session locks: both calls on one connection
+				if err != nil {
+					return err
+				}
+				defer conn.Release()
+				var locked, unlocked bool
+				if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(g)).Scan(&locked); err != nil {
+					return err
+				}
+				if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", int64(g)).Scan(&unlocked); err != nil {
+					return err
+				}
+				if !locked || !unlocked {
+					return fmt.Errorf("advisory lock %d: locked %v, unlocked %v", g, locked, unlocked)
+				}
+				return nil
+			}}
+			update2 := benchOp{name: "update2", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+				for range 2 {
+					if _, err := pool.Exec(ctx, "UPDATE bench_rows SET v = v + 1 WHERE id = $1", g); err != nil {
+						return err
+					}
+				}
+				return nil
+			}}
+			ops := []benchOp{acquireRelease(c, goroutines), selectOne(pool, goroutines), advisory, update2}
+			warmUp(b, ops...)
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}
+
+// BenchmarkLosingTryAcquire times a TryAcquire that finds the key held by another
+// client against one SELECT 1 round trip. Target: vs-select1 <= 1.5.
+func BenchmarkLosingTryAcquire(b *testing.B) {
+	ctx := b.Context()
+	pool := pglocktest.Postgres(b)
+	holder := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	_, err := holder.TryAcquire(ctx, "bench:held")
+	require.NoError(b, err)
+	loser := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	lose := benchOp{name: "losing", goroutines: 1, run: func(ctx context.Context, _ int) error {
+		if _, err := loser.TryAcquire(ctx, "bench:held"); !errors.Is(err, pglock.ErrNotAcquired) {
+			return fmt.Errorf("want ErrNotAcquired, got %v", err)
+		}
+		return nil
+	}}
+	ops := []benchOp{lose, selectOne(pool, 1)}
+	warmUp(b, ops...)
+	reportVs(b, ops, interleave(b, ops...))
+}
+
+// seedLocks makes n locks, held for an hour, in one statement, and returns their keys
+// and owners.
+func seedLocks(tb testing.TB, pool *pgxpool.Pool, n int) (keys, owners []string) {
+	tb.Helper()
+	keys, owners = make([]string, n), make([]string, n)
+	for i := range n {
+		keys[i] = "renew:" + strconv.Itoa(i)
+		owners[i] = fmt.Sprintf("bench-host/4242/%013d", i) // as long as a Client's owner ids
+	}
+	var taken int
+	require.NoError(tb, pool.QueryRow(tb.Context(),
+		"SELECT count(pglock.lock_acquire(k, o, 3600000)) FROM unnest($1::text[], $2::text[]) AS u(k, o)",
+		keys, owners).Scan(&taken))
+	require.Equal(tb, n, taken)
+	return keys, owners
+}
+
+// BenchmarkRenewMany times one lock_renew_many call renewing n held locks (ns/op)
+// against renewing them with one lock_renew statement each, as a store without
+// BatchRenewer would. Target: vs-each < 0.02 at 10,000 locks.
+func BenchmarkRenewMany(b *testing.B) {
+	for _, n := range []int{100, 10_000} {
+		b.Run("locks="+strconv.Itoa(n), func(b *testing.B) {
+			pool := pglocktest.Postgres(b)
+			store := pglock.NewPostgresStore(pool)
+			batch, ok := store.(pglock.BatchRenewer)
+			require.True(b, ok)
+			keys, owners := seedLocks(b, pool, n)
+
+			many := benchOp{name: "many", goroutines: 1, run: func(ctx context.Context, _ int) error {
+				renewed, err := batch.RenewMany(ctx, keys, owners, time.Hour)
+				if err == nil && len(renewed) != n {
+					err = fmt.Errorf("renewed %d of %d", len(renewed), n)
+				}
+				return err
+			}}
+			each := benchOp{name: "each", goroutines: 1, run: func(ctx context.Context, _ int) error {
+				for i := range keys {
+					ok, err := store.Renew(ctx, keys[i], owners[i], time.Hour)
+					if err != nil {
+						return err
+					}
+					if !ok {
+						return fmt.Errorf("renewal of %q refused", keys[i])
+					}
+				}
+				return nil
+			}}
+			b.ResetTimer()
+			ops := []benchOp{many, each}
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}
+
+func tableSize(tb testing.TB, pool *pgxpool.Pool) int64 {
+	tb.Helper()
+	var size int64
+	require.NoError(tb, pool.QueryRow(tb.Context(), "SELECT pg_total_relation_size('pglock.locks')").Scan(&size))
+	return size
+}
+
+// BenchmarkRenewManyTableSize renews 10,000 locks with lock_renew_many, 60 rounds per
+// operation, and reports the size of the table (heap and index) after them as a
+// multiple of its size before (size-ratio). Target: at most 1.10. The renewals are HOT
+// updates into the room fillfactor 50 leaves, and each round prunes the row versions
+// the one before left, without VACUUM (autovacuum is off for the table here). Pruning
+// needs every older transaction to have ended: a transaction holding a transaction id
+// anywhere on the server, in any database, keeps the dead versions, and the table
+// grows while it lasts. That is why this is a metric and not a test: the tests of the
+// other packages share the server (see BENCHMARKS.md).
+func BenchmarkRenewManyTableSize(b *testing.B) {
+	ctx := b.Context()
+	pool := pglocktest.Postgres(b)
+	_, err := pool.Exec(ctx, "ALTER TABLE pglock.locks SET (autovacuum_enabled = false)")
+	require.NoError(b, err)
+	keys, owners := seedLocks(b, pool, 10_000)
+	batch := pglock.NewPostgresStore(pool).(pglock.BatchRenewer)
+	before := tableSize(b, pool)
+	b.ResetTimer()
+	for b.Loop() {
+		for range 60 {
+			renewed, err := batch.RenewMany(ctx, keys, owners, time.Hour)
+			require.NoError(b, err)
+			require.Len(b, renewed, len(keys))
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(tableSize(b, pool))/float64(before), "size-ratio")
+}
+
+// BenchmarkContendedKey has 32 goroutines racing for one key with TryAcquire, the
+// winner releasing at once, and reports successful acquisitions per second (acq/s)
+// next to acquire+release per second on distinct keys at 16 goroutines
+// (BenchmarkAcquireRelease/goroutines=16), and their ratio (vs-distinct).
+func BenchmarkContendedKey(b *testing.B) {
+	pool := pglocktest.Postgres(b)
+	c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+	var won atomic.Int64
+	race := benchOp{name: "race", goroutines: 32, run: func(ctx context.Context, _ int) error {
+		l, err := c.TryAcquire(ctx, "bench:contended")
+		if errors.Is(err, pglock.ErrNotAcquired) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		won.Add(1)
+		return l.Release(ctx)
+	}}
+	distinct := acquireRelease(c, 16)
+	warmUp(b, race, distinct)
+	won.Store(0)
+	total := interleave(b, race, distinct)
+	acqPerSec := float64(won.Load()) / total[0].Seconds()
+	distinctPerSec := float64(b.N) / total[1].Seconds()
+	b.ReportMetric(float64(total[0].Nanoseconds())/float64(b.N), "ns/op") // per attempt
+	b.ReportMetric(acqPerSec, "acq/s")
+	b.ReportMetric(distinctPerSec, "distinct-acq/s")
+	b.ReportMetric(acqPerSec/distinctPerSec, "vs-distinct")
+	b.ReportMetric(float64(won.Load())/float64(b.N), "won/attempt")
+}
+
+// warmPool has pool open 16 connections, and c prepare its statements on them, so
+// that holdLocks does not count them.
+func warmPool(tb testing.TB, pool *pgxpool.Pool, c *pglock.Client) {
+	tb.Helper()
+	ctx := tb.Context()
+	conns := make([]*pgxpool.Conn, 16)
+	for i := range conns {
+		var err error
+		conns[i], err = pool.Acquire(ctx)
+		require.NoError(tb, err)
+	}
+	for _, conn := range conns {
+		conn.Release()
+	}
+	op := acquireRelease(c, 16)
+	require.NoError(tb, spread(16, 64, func(g, _ int) error { return op.run(ctx, g) }))
+}
+
+// holdLocks takes keys on c from 16 goroutines and returns the locks and the heap the
+// client kept per lock (after GC; keys and the slice excluded). It fails if holding
+// them added a goroutine.
+func holdLocks(tb testing.TB, c *pglock.Client, keys []string) (locks []*pglock.Lock, bytesPerLock float64) {
+	tb.Helper()
+	ctx := tb.Context()
+	locks = make([]*pglock.Lock, len(keys))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	goroutines := runtime.NumGoroutine()
+
+	require.NoError(tb, spread(16, len(keys), func(_, i int) (err error) {
+		locks[i], err = c.TryAcquire(ctx, keys[i])
+		return err
+	}))
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// At most as many: a goroutine of an earlier test's pool may have ended meanwhile.
+	require.LessOrEqual(tb, runtime.NumGoroutine(), goroutines, "goroutines after holding %d locks", len(keys))
+	return locks, (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(len(keys))
+}
+
+func heldKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "held:" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// TestHeldLockCost holds 10,000 locks on one client and checks that each costs the
+// client less than 1 KiB of heap and no goroutine. It does not run in parallel: other
+// tests' goroutines and allocations would be counted.
+func TestHeldLockCost(t *testing.T) {
+	pool := pglocktest.Postgres(t)
+	c, err := pglock.New(pool, pglock.WithTTL(time.Hour)) // no renewal fires
+	require.NoError(t, err)
+	warmPool(t, pool, c)
+	locks, perLock := holdLocks(t, c, heldKeys(10_000))
+	t.Logf("heap per held lock: %.0f bytes", perLock)
+	require.Less(t, perLock, 1024.0)
+	for _, l := range locks {
+		require.True(t, l.Held())
+	}
+	abandon(t, c)
+}
+
+// abandon closes c without releasing its locks, one round trip each, and leaves them
+// to expire with the test's database.
+func abandon(tb testing.TB, c *pglock.Client) {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(tb.Context())
+	cancel()
+	require.ErrorIs(tb, c.Close(ctx), context.Canceled)
+}
+
+// BenchmarkHeldLock holds b.N locks on one client and reports the heap each costs it
+// (B/lock); ns/op is suppressed, the time being the GC's as much as the acquisitions'.
+func BenchmarkHeldLock(b *testing.B) {
+	pool := pglocktest.Postgres(b)
+	c, err := pglock.New(pool, pglock.WithTTL(time.Hour))
+	require.NoError(b, err)
+	keys := heldKeys(b.N)
+	warmPool(b, pool, c)
+	b.ResetTimer()
+	_, perLock := holdLocks(b, c, keys)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(perLock, "B/lock")
+	abandon(b, c)
+}
+
+// TestLosingAcquireWritesNoWAL checks that a TryAcquire that finds the key held takes
+// no transaction id, so it has no WAL record of its own and no commit to flush, and
+// writes no tuple. The WAL position of the server is no use here: other tests write
+// to it. Instead the losing calls run in one transaction (the client on a store over
+// a pgx.Tx), whose own counters say what it did: pg_current_xact_id_if_assigned and
+// pg_stat_xact_user_tables; EXPLAIN (ANALYZE, WAL) counts the WAL records one call
+// generates in this backend, checked against a winning call that must show some.
+func TestLosingAcquireWritesNoWAL(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+	held, err := holder.TryAcquire(ctx, "reports:nightly")
+	require.NoError(t, err)
+	rowVersion := func() string {
+		var v string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT xmin || '/' || xmax || '/' || ctid FROM pglock.locks WHERE key = $1", held.Key()).Scan(&v))
+		return v
+	}
+	versionBefore := rowVersion()
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tx.Rollback(context.WithoutCancel(ctx))) }()
+	// The backend's counters include its earlier transactions until it next goes idle
+	// outside one, which it does not do while tx is open: compare within tx.
+	tableCounters := func() (scans, written int64) {
+		require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(idx_scan, 0), n_tup_ins + n_tup_upd + n_tup_del
+			FROM pg_stat_xact_user_tables WHERE relid = 'pglock.locks'::regclass`).Scan(&scans, &written))
+		return scans, written
+	}
+	scansBefore, writtenBefore := tableCounters()
+	loser := newClient(t, pglock.NewPostgresStore(tx), pglock.WithTTL(time.Minute))
+	for range 100 {
+		_, err := loser.TryAcquire(ctx, held.Key())
+		require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	}
+	var xid *string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid))
+	require.Nil(t, xid, "a losing acquire took a transaction id")
+	scans, written := tableCounters()
+	require.GreaterOrEqual(t, scans-scansBefore, int64(100), "the counters saw the losing calls")
+	require.Equal(t, writtenBefore, written, "tuples written by losing acquires")
+
+	walRecords := func(key string) int64 {
+		var plan []struct {
+			Plan struct {
+				Records int64 `json:"WAL Records"`
+			}
+		}
+		var out []byte // EXPLAIN's output is text, whatever its format
+		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) SELECT pglock.lock_acquire($1, $2, $3)",
+			key, "explain/1", int64(60_000)).Scan(&out))
+		require.NoError(t, json.Unmarshal(out, &plan))
+		require.Len(t, plan, 1)
+		return plan[0].Plan.Records
+	}
+	require.Zero(t, walRecords(held.Key()), "WAL records of a losing acquire")
+	require.Positive(t, walRecords("reports:weekly"), "WAL records of a winning acquire")
+
+	require.Equal(t, versionBefore, rowVersion(), "the held row was locked or rewritten")
+	require.NoError(t, held.Release(ctx))
+}

@@ -1,0 +1,303 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+)
+
+// Why a leader stepped down, in the Reason of an EventLeadershipLost event and in the
+// "pglock: stepped down" log line. A lost lease gives its LockLostError's reason
+// instead (ReasonRefused, ReasonExpired).
+const (
+	// ReasonResigned: Election.Resign was called.
+	ReasonResigned = "resigned"
+	// ReasonClosed: the Client was closed.
+	ReasonClosed = "the client closed"
+	// ReasonOnAcquiredFailed: OnAcquired returned an error or panicked; the instance
+	// campaigns again after ttl/3.
+	ReasonOnAcquiredFailed = "OnAcquired returned an error or panicked"
+)
+
+// Leader is what an instance does while it leads an election: see Client.Elect.
+type Leader struct {
+	// OnAcquired is called, on a goroutine of the election's, when this instance
+	// starts leading, with the lease (whose Token fences what the leader writes). ctx
+	// carries the lease (FromContext) and is cancelled when the leadership ends, with
+	// context.Cause a *LockLostError when the lease was lost, ErrResigned after Resign,
+	// or ErrClosed at Client.Close. OnAcquired may return nil at once, leaving work
+	// running on ctx, or run until ctx ends: either way this instance leads until the
+	// lease is lost or it steps down. Returning an error, or panicking, steps down (the
+	// lease is handed back), and the instance campaigns again after ttl/3. It must
+	// return once ctx ends: OnLost, the hand-back of the lease and Close wait for it.
+	// Required.
+	OnAcquired func(ctx context.Context, lock *Lock) error
+	// OnLost is called when this instance stops leading: its lease was lost, it
+	// resigned, its client closed, or OnAcquired failed. It runs after OnAcquired has
+	// returned, never at the same time nor without an OnAcquired before it, on the
+	// same goroutine; on a voluntary step-down, before the lease is handed back, so
+	// that the next leader's work never overlaps this one's. Optional.
+	OnLost func(lock *Lock)
+	// TTL is the lease's ttl: zero means the client's (WithTTL). A crashed leader is
+	// replaced within TTL; instances campaign every TTL/3.
+	TTL time.Duration
+}
+
+// Election is this instance's part in a leader election on a key: see Client.Elect.
+// Its methods are safe for concurrent use.
+type Election struct {
+	c      *Client
+	key    string
+	leader Leader
+	ttl    time.Duration
+	ctx    context.Context         // the election's lifetime
+	end    context.CancelCauseFunc // ends it, with ErrResigned or ErrClosed
+	done   chan struct{}           // closed once it has ended (stepped down, stopped campaigning)
+
+	mu   sync.Mutex
+	lock *Lock // the lease while leading
+}
+
+// Elect makes this instance campaign for the leadership of key, from now until Resign
+// or Close: every ttl/3 on the client's clock, and at once when the key is released
+// (with a listener: see WithoutListener). The instance that takes the lease leads,
+// renews it through the client's renewer, and runs leader.OnAcquired; it stops leading
+// when the lease is lost, at Resign, at Close (which hands the lease back, so another
+// instance leads within milliseconds with a listener, within ttl/3 without), or when
+// OnAcquired fails; leader.OnLost then runs. Leading and stepping down are logged at
+// info ("pglock: leading", "pglock: stepped down") and emitted as
+// EventLeadershipAcquired and EventLeadershipLost.
+//
+// A key is one election per client, and cannot also be a job's key. Elect returns an
+// error wrapping ErrInvalidKey for a bad key, ErrInvalidArgument for a nil OnAcquired,
+// a TTL out of range or a key already registered on this client, and ErrClosed after
+// Close; it then starts nothing. It is safe for concurrent use.
+func (c *Client) Elect(key string, leader Leader) (*Election, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if leader.OnAcquired == nil {
+		return nil, invalidArg("Elect: nil OnAcquired")
+	}
+	ttl := c.ttl
+	if leader.TTL != 0 {
+		if err := checkTTL("Elect: Leader.TTL", leader.TTL); err != nil {
+			return nil, err
+		}
+		ttl = leader.TTL
+	}
+	if err := c.register(fmt.Sprintf("election %q", key), key); err != nil {
+		return nil, err
+	}
+	e := &Election{c: c, key: key, leader: leader, ttl: ttl, done: make(chan struct{})}
+	e.ctx, e.end = context.WithCancelCause(context.Background())
+	c.onClose(func(ctx context.Context) error { return e.stop(ctx, ErrClosed) })
+	go e.run()
+	return e, nil
+}
+
+// IsLeader reports whether this instance leads: it holds the lease and has not started
+// stepping down. A paused leader cannot know that its lease expired meanwhile: until its
+// next renewal is refused, IsLeader stays true while another instance leads. That is
+// why a leader's writes carry its lease's fencing token (see FenceUpdate).
+func (e *Election) IsLeader() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lock != nil && e.lock.Held()
+}
+
+// Resign ends this instance's part in the election: it steps down if it leads
+// (OnAcquired's ctx is cancelled with ErrResigned, OnAcquired is waited for, OnLost
+// runs, and the lease is handed back, waking the other instances' campaigns), and
+// stops campaigning. The key is then free for another Elect on this client. ctx bounds
+// the wait: when it ends first, Resign returns its cause and the step-down goes on in
+// the background. It returns nil once the election has ended, now or before (after
+// Close, for one). It is safe to call more than once.
+func (e *Election) Resign(ctx context.Context) error {
+	return e.stop(ctx, ErrResigned)
+}
+
+// Leader reads who leads now from the store: Held is false when nobody does (the lease
+// is free or expired), else Owner, Token and ExpiresIn (on the store's clock) describe
+// the current lease. It may name another instance while this one's IsLeader is still
+// true: see IsLeader. ctx bounds the store call. It returns ErrClosed after Close, an
+// error wrapping errors.ErrUnsupported when the store is not a HolderReader, or the
+// store's error.
+func (e *Election) Leader(ctx context.Context) (Holder, error) {
+	if e.c.isClosed() {
+		return Holder{}, ErrClosed
+	}
+	r, ok := e.c.store.(HolderReader)
+	if !ok {
+		return Holder{}, fmt.Errorf("pglock: Leader: the store does not implement HolderReader: %w", errors.ErrUnsupported)
+	}
+	return r.Holder(ctx, e.key)
+}
+
+// stop ends the election with why (the first why wins) and waits until it has ended
+// or ctx ends.
+func (e *Election) stop(ctx context.Context, why error) error {
+	e.end(why)
+	select {
+	case <-e.done:
+		return nil
+	default:
+	}
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// run campaigns until the election ends.
+func (e *Election) run() {
+	defer close(e.done)
+	defer e.c.unregister(e.key)
+	w := e.c.listener.waiter(e.key)
+	defer w.stop()
+	for e.ctx.Err() == nil {
+		wake := w.woken()
+		l, err := e.campaign()
+		switch {
+		case err == nil:
+			if e.lead(l) {
+				wake = nil // campaign again after ttl/3, not at once
+			}
+		case errors.Is(err, ErrNotAcquired):
+			if !w.want(e.ctx) {
+				continue // released in between
+			}
+			wake = w.woken()
+		case errors.Is(err, ErrClosed):
+			return
+		default:
+			e.c.logger.Warn("pglock: campaign failed", slog.String("key", e.key), slog.Any("err", err))
+		}
+		if e.c.sleepOrWake(e.ctx, e.ttl/3, wake) != nil {
+			return
+		}
+	}
+}
+
+// campaign tries to take the lease once. The call is detached from the election's end,
+// so that a lease taken while Resign or Close cancels it is known, and handed back.
+func (e *Election) campaign() (*Lock, error) {
+	ctx, cancel := detached(e.ctx)
+	defer cancel()
+	return e.c.try(ctx, e.key, e.ttl)
+}
+
+// lead is one term: from taking the lease to stepping down. It reports whether the term
+// ended because OnAcquired failed.
+func (e *Election) lead(l *Lock) (failed bool) {
+	if e.ctx.Err() != nil { // ended while campaigning: never led
+		e.handBack(l)
+		return false
+	}
+	ctx, cancel := context.WithCancelCause(l.Context())
+	e.mu.Lock()
+	e.lock = l
+	e.mu.Unlock()
+	e.c.logger.Info("pglock: leading", slog.String("key", e.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
+	e.c.emit(EventLeadershipAcquired, l, "")
+
+	returned := make(chan error, 1)
+	go func() { returned <- e.onAcquired(ctx, l) }()
+	var err error // OnAcquired's, if it returned before the term ended
+	running := true
+	select {
+	case err = <-returned:
+		running = false
+	case <-l.Context().Done():
+	case <-e.ctx.Done():
+	}
+	if !running && err == nil { // it left its work running on ctx: lead on
+		select {
+		case <-l.Context().Done():
+		case <-e.ctx.Done():
+		}
+	}
+
+	// Why the term ends: a lost lease first, then Resign or Close, then OnAcquired.
+	var lost *LockLostError
+	var cause error
+	var reason string
+	switch {
+	case errors.As(context.Cause(l.Context()), &lost):
+		cause, reason = lost, lost.Reason
+	case e.ctx.Err() != nil:
+		cause = context.Cause(e.ctx)
+		reason = ReasonClosed
+		if errors.Is(cause, ErrResigned) {
+			reason = ReasonResigned
+		}
+	case err != nil:
+		cause, reason, failed = err, ReasonOnAcquiredFailed, true
+	default: // the lease was released under the election: only Close does that
+		cause, reason = ErrClosed, ReasonClosed
+	}
+	e.mu.Lock()
+	e.lock = nil
+	e.mu.Unlock()
+	cancel(cause)
+	if running {
+		<-returned // what it returns once cancelled is no reason to step down: there is one
+	}
+	e.onLost(l)
+	attrs := []any{slog.String("key", e.key), slog.Int64("token", l.Token()), slog.String("reason", reason)}
+	if failed {
+		attrs = append(attrs, slog.Any("err", cause))
+	}
+	e.c.logger.Info("pglock: stepped down", attrs...)
+	e.c.emit(EventLeadershipLost, l, reason)
+	if lost == nil {
+		e.handBack(l)
+	}
+	return failed
+}
+
+// handBack releases the lease (Release is detached from e.ctx's cancellation).
+func (e *Election) handBack(l *Lock) {
+	if err := l.Release(e.ctx); err != nil {
+		e.c.logger.Warn("pglock: lease not handed back; it expires after its ttl", slog.String("key", e.key),
+			slog.Int64("token", l.Token()), slog.Any("err", err))
+	}
+}
+
+// onAcquired calls OnAcquired, wrapping its error and turning a panic into one.
+func (e *Election) onAcquired(ctx context.Context, l *Lock) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("pglock: OnAcquired panicked: %v", r)
+			e.logPanic(err)
+		}
+	}()
+	if err := e.leader.OnAcquired(ctx, l); err != nil {
+		return fmt.Errorf("pglock: OnAcquired: %w", err)
+	}
+	return nil
+}
+
+// onLost calls OnLost, if set, recovering a panic.
+func (e *Election) onLost(l *Lock) {
+	if e.leader.OnLost == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			e.logPanic(fmt.Errorf("pglock: OnLost panicked: %v", r))
+		}
+	}()
+	e.leader.OnLost(l)
+}
+
+func (e *Election) logPanic(err error) {
+	e.c.logger.Error("pglock: leader callback panicked", slog.String("key", e.key), slog.Any("err", err),
+		slog.String("stack", string(debug.Stack())))
+}

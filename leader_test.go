@@ -1,0 +1,518 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+const feedKey = "inventory:warehouse-feed"
+
+// newPoolClient returns a quiet Client of New on pool (so with a listener unless opts
+// say otherwise), closed when the test ends.
+func newPoolClient(t testing.TB, pool *pgxpool.Pool, opts ...pglock.Option) *pglock.Client {
+	t.Helper()
+	c, err := pglock.New(pool, append([]pglock.Option{quiet}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+	return c
+}
+
+// term is one leadership term, as OnAcquired saw it.
+type term struct {
+	who  int
+	lock *pglock.Lock
+	ctx  context.Context
+}
+
+// feed is the tutorial's warehouse feed: OnAcquired "connects" (reports the term and
+// returns, the connection living on ctx), OnLost "disconnects". It checks that OnLost
+// never comes without an OnAcquired, nor while it runs.
+type feed struct {
+	t        testing.TB
+	acquired chan term
+	lost     chan term
+	leading  []atomic.Bool
+}
+
+func newFeed(t testing.TB, instances int) *feed {
+	return &feed{t: t, acquired: make(chan term, 1000), lost: make(chan term, 1000), leading: make([]atomic.Bool, instances)}
+}
+
+func (f *feed) leader(who int) pglock.Leader {
+	var ctx context.Context
+	return pglock.Leader{
+		OnAcquired: func(c context.Context, l *pglock.Lock) error {
+			if f.leading[who].Swap(true) {
+				f.t.Errorf("instance %d: OnAcquired while it leads", who)
+			}
+			ctx = c
+			f.acquired <- term{who, l, c}
+			return nil
+		},
+		OnLost: func(l *pglock.Lock) {
+			if !f.leading[who].Swap(false) {
+				f.t.Errorf("instance %d: OnLost without OnAcquired", who)
+			}
+			if ctx.Err() == nil {
+				f.t.Errorf("instance %d: OnLost before OnAcquired's ctx was cancelled", who)
+			}
+			f.lost <- term{who, l, ctx}
+		},
+	}
+}
+
+// next returns the next value from ch, failing after a deadline.
+func next[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no %s within 5 s", what)
+		panic("unreachable")
+	}
+}
+
+// events collects a client's events.
+type eventLog struct {
+	mu     sync.Mutex
+	events []pglock.Event
+}
+
+func (l *eventLog) add(e pglock.Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) leadership() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, e := range l.events {
+		if e.Type == pglock.EventLeadershipAcquired || e.Type == pglock.EventLeadershipLost {
+			out = append(out, string(e.Type)+": "+e.Reason)
+		}
+	}
+	return out
+}
+
+func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	f := newFeed(t, 3)
+	clients := make([]*pglock.Client, 3)
+	elections := make([]*pglock.Election, 3)
+	logs := make([]logBuffer, 3)
+	events := make([]eventLog, 3)
+	for i := range clients {
+		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second),
+			pglock.WithLogger(newLogger(&logs[i])), pglock.WithEventHandler(events[i].add))
+	}
+	var err error
+	elections[0], err = clients[0].Elect(feedKey, f.leader(0)) // the first instance up leads
+	require.NoError(t, err)
+	first := next(t, f.acquired, "leader")
+	require.Equal(t, 0, first.who)
+	for i := 1; i < 3; i++ {
+		elections[i], err = clients[i].Elect(feedKey, f.leader(i))
+		require.NoError(t, err)
+	}
+
+	// The others campaign every ttl/3 and lose: one connection to the feed.
+	require.Never(t, func() bool { return len(f.acquired) > 0 }, 800*time.Millisecond, 20*time.Millisecond)
+	require.True(t, elections[0].IsLeader())
+	for i, e := range elections {
+		h, err := e.Leader(ctx)
+		require.NoError(t, err)
+		require.Equal(t, pglock.Holder{Held: true, Owner: first.lock.Owner(), Token: first.lock.Token(), ExpiresIn: h.ExpiresIn}, h)
+		require.Positive(t, h.ExpiresIn)
+		require.LessOrEqual(t, h.ExpiresIn, time.Second)
+		require.Equal(t, i == 0, e.IsLeader())
+	}
+	require.Contains(t, logs[0].String(), `level=INFO msg="pglock: leading" key=inventory:warehouse-feed owner=`+first.lock.Owner())
+
+	// Close hands the lease back: another instance leads within a second, not a ttl.
+	start := time.Now()
+	require.NoError(t, clients[0].Close(ctx))
+	require.Equal(t, 0, next(t, f.lost, "OnLost").who, "OnLost ran before Close returned")
+	second := next(t, f.acquired, "new leader")
+	handover := time.Since(start)
+	t.Logf("handover at Close: %v", handover)
+	require.Less(t, handover, time.Second)
+	require.NotEqual(t, 0, second.who)
+	require.Greater(t, second.lock.Token(), first.lock.Token())
+	require.ErrorIs(t, context.Cause(first.ctx), pglock.ErrClosed)
+	require.False(t, elections[0].IsLeader())
+	require.True(t, elections[second.who].IsLeader())
+	require.Contains(t, logs[0].String(), `level=INFO msg="pglock: stepped down" key=inventory:warehouse-feed token=`)
+	require.Contains(t, logs[0].String(), `reason="the client closed"`)
+	require.Equal(t, []string{"leadership acquired: ", "leadership lost: the client closed"}, events[0].leadership())
+	require.Eventually(t, func() bool { return len(events[second.who].leadership()) == 1 }, 2*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{"leadership acquired: "}, events[second.who].leadership())
+	_, err = elections[0].Leader(ctx)
+	require.ErrorIs(t, err, pglock.ErrClosed)
+	require.NoError(t, elections[0].Resign(ctx), "resigning from an election its Close ended")
+}
+
+func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	f := newFeed(t, 3)
+	paused := pglocktest.NewManualClock(time.Now())
+	var logs logBuffer
+	var events eventLog
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second), pglock.WithClock(paused),
+		pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
+	ea, err := a.Elect(feedKey, f.leader(0))
+	require.NoError(t, err)
+	old := next(t, f.acquired, "leader")
+	elections := []*pglock.Election{ea}
+	for i := 1; i < 3; i++ {
+		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+		e, err := c.Elect(feedKey, f.leader(i))
+		require.NoError(t, err)
+		elections = append(elections, e)
+	}
+
+	time.Sleep(1200 * time.Millisecond) // database time: the lease expires; the leader's clock stands still
+	newer := next(t, f.acquired, "leader after the expiry")
+	require.NotEqual(t, 0, newer.who)
+	require.Greater(t, newer.lock.Token(), old.lock.Token())
+	// The blind spot: both believe they lead. What the old one writes needs its token.
+	require.True(t, ea.IsLeader())
+	require.True(t, elections[newer.who].IsLeader())
+	require.NoError(t, old.ctx.Err())
+	h, err := ea.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, newer.lock.Owner(), h.Owner, "the store knows better")
+
+	paused.Advance(time.Second / 3) // it wakes up: its renewal is refused
+	lost := next(t, f.lost, "OnLost")
+	require.Equal(t, 0, lost.who)
+	require.False(t, ea.IsLeader())
+	var lockLost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(old.ctx), &lockLost)
+	require.Equal(t, pglock.ReasonRefused, lockLost.Reason)
+	require.Eventually(t, func() bool { return len(events.leadership()) == 2 }, 2*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{"leadership acquired: ", "leadership lost: " + pglock.ReasonRefused}, events.leadership())
+	require.Contains(t, logs.String(), `reason="the store refused a renewal"`)
+	require.True(t, elections[newer.who].IsLeader())
+}
+
+func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		fail func() error
+		log  string
+	}{
+		{"Error", func() error { return errors.New("feed refused the connection") }, `err="pglock: OnAcquired: feed refused the connection"`},
+		{"Panic", func() error { panic("feed client bug") }, `level=ERROR msg="pglock: leader callback panicked" key=inventory:warehouse-feed err="pglock: OnAcquired panicked: feed client bug" stack=`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			clock := pglocktest.NewManualClock(time.Now())
+			var logs logBuffer
+			var events eventLog
+			c := newPoolClient(t, pglocktest.Postgres(t), pglock.WithTTL(time.Second), pglock.WithClock(clock),
+				pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
+			acquired, lost := make(chan *pglock.Lock, 2), make(chan *pglock.Lock, 2)
+			var calls atomic.Int32
+			e, err := c.Elect(feedKey, pglock.Leader{
+				OnAcquired: func(ctx context.Context, l *pglock.Lock) error {
+					acquired <- l
+					if calls.Add(1) == 1 {
+						return tc.fail()
+					}
+					return nil
+				},
+				OnLost: func(l *pglock.Lock) { lost <- l },
+			})
+			require.NoError(t, err)
+			first := next(t, acquired, "OnAcquired")
+			require.Same(t, first, next(t, lost, "OnLost"))
+			require.Eventually(t, func() bool { h, err := e.Leader(ctx); return err == nil && !h.Held }, 2*time.Second, 5*time.Millisecond,
+				"the lease is handed back")
+			require.Contains(t, logs.String(), tc.log)
+			require.Contains(t, logs.String(), `msg="pglock: stepped down" key=inventory:warehouse-feed token=`)
+			require.Contains(t, logs.String(), `reason="OnAcquired returned an error or panicked"`)
+
+			// It campaigns again after ttl/3 on its clock, which stands still until told.
+			require.Never(t, func() bool { return len(acquired) > 0 }, 200*time.Millisecond, 10*time.Millisecond)
+			clock.Advance(time.Second / 3)
+			second := next(t, acquired, "OnAcquired again")
+			require.Greater(t, second.Token(), first.Token())
+			require.Eventually(t, e.IsLeader, 2*time.Second, 5*time.Millisecond)
+			require.NoError(t, e.Resign(ctx))
+			require.Same(t, second, next(t, lost, "OnLost again"))
+			require.Eventually(t, func() bool { return len(events.leadership()) == 4 }, 2*time.Second, 5*time.Millisecond)
+			require.Equal(t, []string{"leadership acquired: ", "leadership lost: " + pglock.ReasonOnAcquiredFailed,
+				"leadership acquired: ", "leadership lost: " + pglock.ReasonResigned}, events.leadership())
+		})
+	}
+}
+
+// TestRapidHandoversNeverOverlap hands the leadership over 200 times between three
+// instances, by Resign and a new Elect, and checks that no two leaders ever overlap:
+// each OnAcquired finds the others' OnLost done and its own lease the live one in
+// the table, and the callbacks of each election alternate.
+func TestRapidHandoversNeverOverlap(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	check := pglocktest.Pool(t, url, 4)
+	const instances, handovers = 3, 200
+	var leaders, terms atomic.Int32
+	acquired := make(chan term, handovers+instances)
+	leader := func(who int) pglock.Leader {
+		var inTerm atomic.Bool
+		var ctxs sync.Map // lock → OnAcquired's ctx
+		return pglock.Leader{
+			OnAcquired: func(c context.Context, l *pglock.Lock) error {
+				if n := leaders.Add(1); n != 1 {
+					t.Errorf("%d leaders at once", n)
+				}
+				if inTerm.Swap(true) {
+					t.Errorf("instance %d: OnAcquired during its term", who)
+				}
+				var owner string
+				if err := check.QueryRow(c, `SELECT owner FROM pglock.locks
+					WHERE key = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()`, feedKey).Scan(&owner); err != nil {
+					t.Errorf("read the live lease: %v", err)
+				}
+				if owner != l.Owner() {
+					t.Errorf("OnAcquired of %s, the table says %s", l.Owner(), owner)
+				}
+				ctxs.Store(l, c)
+				acquired <- term{who, l, c}
+				if terms.Add(1)%2 == 0 {
+					<-c.Done() // half of the terms run in OnAcquired, half on its ctx
+				}
+				return nil
+			},
+			OnLost: func(l *pglock.Lock) {
+				c, ok := ctxs.LoadAndDelete(l)
+				if !ok || !inTerm.Swap(false) {
+					t.Errorf("instance %d: OnLost without OnAcquired", who)
+					return
+				}
+				if err := context.Cause(c.(context.Context)); !errors.Is(err, pglock.ErrResigned) && !errors.Is(err, pglock.ErrClosed) {
+					t.Errorf("OnLost: OnAcquired's ctx: %v", err)
+				}
+				leaders.Add(-1)
+			},
+		}
+	}
+	clients := make([]*pglock.Client, instances)
+	elections := make([]*pglock.Election, instances)
+	for i := range clients {
+		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+		var err error
+		elections[i], err = clients[i].Elect(feedKey, leader(i))
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	var lastToken int64
+	for range handovers {
+		tm := next(t, acquired, "leader")
+		require.Greater(t, tm.lock.Token(), lastToken)
+		lastToken = tm.lock.Token()
+		require.NoError(t, elections[tm.who].Resign(ctx))
+		var err error
+		elections[tm.who], err = clients[tm.who].Elect(feedKey, leader(tm.who))
+		require.NoError(t, err, "Resign frees the key for a new Elect")
+	}
+	t.Logf("%d handovers in %v", handovers, time.Since(start))
+	for _, e := range elections {
+		require.NoError(t, e.Resign(ctx))
+	}
+	require.Zero(t, leaders.Load())
+}
+
+func TestResignHandsOverAndWaitsBoundedByCtx(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+	b := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+	finish := make(chan struct{})
+	var order []string
+	var mu sync.Mutex
+	note := func(s string) {
+		mu.Lock()
+		order = append(order, s)
+		mu.Unlock()
+	}
+	started := make(chan struct{})
+	ea, err := a.Elect(feedKey, pglock.Leader{
+		OnAcquired: func(ctx context.Context, l *pglock.Lock) error {
+			close(started)
+			<-ctx.Done()
+			note("a: ctx cancelled: " + context.Cause(ctx).Error())
+			<-finish // slow to let go of the feed
+			note("a: OnAcquired returned")
+			return nil
+		},
+		OnLost: func(l *pglock.Lock) {
+			if !l.Held() {
+				t.Error("OnLost ran after the lease was handed back")
+			}
+			note("a: OnLost")
+		},
+	})
+	require.NoError(t, err)
+	<-started
+	tookOver := make(chan struct{})
+	_, err = b.Elect(feedKey, pglock.Leader{OnAcquired: func(context.Context, *pglock.Lock) error {
+		note("b: OnAcquired")
+		close(tookOver)
+		return nil
+	}})
+	require.NoError(t, err)
+
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, ea.Resign(short), context.DeadlineExceeded, "Resign gives up waiting when its ctx ends")
+	require.False(t, ea.IsLeader())
+	close(finish)
+	require.NoError(t, ea.Resign(ctx), "the step-down went on")
+	select {
+	case <-tookOver:
+	case <-time.After(time.Second):
+		t.Fatal("the resigned leader's lease was not taken over within a second")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"a: ctx cancelled: pglock: resigned from the election", "a: OnAcquired returned", "a: OnLost", "b: OnAcquired"}, order)
+	require.NoError(t, ea.Resign(ctx), "Resign twice")
+}
+
+func TestLeaderReadsTheHolderFromTheStore(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := pglocktest.NewManualClock(time.Now())
+	c := newClient(t, pglock.NewMemoryStore(clock), pglock.WithClock(clock), pglock.WithTTL(time.Minute), quiet)
+	locks := make(chan *pglock.Lock, 1)
+	e, err := c.Elect(feedKey, pglock.Leader{OnAcquired: func(_ context.Context, l *pglock.Lock) error {
+		locks <- l
+		return nil
+	}})
+	require.NoError(t, err)
+	l := next(t, locks, "OnAcquired")
+	h, err := e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, pglock.Holder{Held: true, Owner: l.Owner(), Token: l.Token(), ExpiresIn: time.Minute}, h)
+	clock.Advance(10 * time.Second)
+	h, err = e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 50*time.Second, h.ExpiresIn)
+	require.NoError(t, e.Resign(ctx))
+	h, err = e.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, pglock.Holder{}, h, "nobody leads")
+}
+
+// plainStore hides every optional capability of the store it wraps.
+type plainStore struct{ pglock.Store }
+
+func TestLeaderBadCalls(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	onAcquired := func(context.Context, *pglock.Lock) error { return nil }
+	cases := []struct {
+		name  string
+		store pglock.Store
+		ctx   func(context.Context) context.Context
+		want  error
+	}{
+		{"StoreWithoutHolderReader", plainStore{pglock.NewMemoryStore(nil)}, nil, errors.ErrUnsupported},
+		{"CancelledCtx", pglock.NewPostgresStore(pool), func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return ctx
+		}, context.Canceled},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(t, tc.store, quiet)
+			e, err := c.Elect("leader-bad-calls:"+tc.name, pglock.Leader{OnAcquired: onAcquired})
+			require.NoError(t, err)
+			ctx := t.Context()
+			if tc.ctx != nil {
+				ctx = tc.ctx(ctx)
+			}
+			_, err = e.Leader(ctx)
+			require.ErrorIs(t, err, tc.want)
+			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+		})
+	}
+}
+
+func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	c := newPoolClient(t, pool)
+	started := make(chan string, 10)
+	onAcquired := func(_ context.Context, l *pglock.Lock) error {
+		started <- l.Key()
+		return nil
+	}
+	taken, err := c.Elect("taken", pglock.Leader{OnAcquired: onAcquired})
+	require.NoError(t, err)
+	require.Equal(t, "taken", next(t, started, "OnAcquired"))
+	closed, err := pglock.NewWithStore(pglock.NewPostgresStore(pool))
+	require.NoError(t, err)
+	require.NoError(t, closed.Close(t.Context()))
+
+	valid := pglock.Leader{OnAcquired: onAcquired}
+	cases := []struct {
+		name   string
+		client *pglock.Client
+		key    string
+		leader pglock.Leader
+		want   error
+	}{
+		{"EmptyKey", c, "", valid, pglock.ErrInvalidKey},
+		{"KeyOver500Characters", c, strings.Repeat("é", pglock.MaxKeyLength+1), valid, pglock.ErrInvalidKey},
+		{"InvalidUTF8", c, "inv\xffalid", valid, pglock.ErrInvalidKey},
+		{"NULByte", c, "nul\x00key", valid, pglock.ErrInvalidKey},
+		{"NilOnAcquired", c, "free", pglock.Leader{OnLost: func(*pglock.Lock) {}}, pglock.ErrInvalidArgument},
+		{"TTLUnder1ms", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: time.Microsecond}, pglock.ErrInvalidArgument},
+		{"NegativeTTL", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: -time.Second}, pglock.ErrInvalidArgument},
+		{"TTLOverOneYear", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: pglock.MaxTTL + time.Millisecond}, pglock.ErrInvalidArgument},
+		{"KeyOfAnotherElection", c, "taken", valid, pglock.ErrInvalidArgument},
+		{"AfterClose", closed, "free", valid, pglock.ErrClosed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e, err := tc.client.Elect(tc.key, tc.leader)
+			require.ErrorIs(t, err, tc.want)
+			require.Nil(t, e)
+			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+		})
+	}
+	require.Never(t, func() bool { return len(started) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
+	require.Equal(t, 1, lockRows(t, pool), "only the valid election's lease is in the table")
+
+	free, err := c.Elect("free", valid)
+	require.NoError(t, err, "the failed calls registered nothing")
+	require.Equal(t, "free", next(t, started, "OnAcquired"))
+	require.NoError(t, free.Resign(t.Context()))
+	require.NoError(t, taken.Resign(t.Context()))
+}
