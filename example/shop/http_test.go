@@ -1,0 +1,140 @@
+package shop_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/example/shop"
+)
+
+// response is an HTTP answer of the shop, with how long it took.
+type response struct {
+	status int
+	raw    []byte
+	body   map[string]any // when the body is a JSON object
+	took   time.Duration
+}
+
+// post sends POST url with the admin token token ("" for none).
+func post(t *testing.T, url, token string) response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, nil)
+	require.NoError(t, err)
+	return do(t, req, token)
+}
+
+func do(t *testing.T, req *http.Request, token string) response {
+	t.Helper()
+	if token != "" {
+		req.Header.Set(shop.AdminTokenHeader, token)
+	}
+	start := time.Now()
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	r := response{status: res.StatusCode, raw: b, took: time.Since(start)}
+	if len(b) > 0 && b[0] == '{' {
+		require.NoError(t, json.Unmarshal(b, &r.body), "body %s", b)
+	}
+	return r
+}
+
+// serve serves the instance's API on a test server, closed when the test ends.
+func serve(t *testing.T, i *instance) string {
+	t.Helper()
+	srv := httptest.NewServer(i.shop.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func TestAdminEndpointRunsTheExportByHandNeverTwiceAtOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	urls := []string{serve(t, w.start(t, "a")), serve(t, w.start(t, "b")), serve(t, w.start(t, "c"))}
+	const path = "/admin/invoice-exports"
+
+	for _, token := range []string{"", "wrong", "S3CRET"} {
+		r := post(t, urls[1]+path, token)
+		require.Equal(t, http.StatusForbidden, r.status, "token %q", token)
+		require.Contains(t, r.body["error"], "forbidden")
+	}
+	require.Empty(t, w.accounting.Batches())
+
+	// An export on b holds the lock, its upload slow.
+	hold := w.accounting.Hold(1)
+	first := make(chan response, 1)
+	go func() { first <- post(t, urls[1]+path, "s3cret") }()
+	wait(t, hold.Arrived(), "the first export's upload")
+
+	// A request on a waits two seconds for it, then gives up.
+	r := post(t, urls[0]+path, "s3cret")
+	require.Equal(t, http.StatusConflict, r.status)
+	require.Contains(t, r.body["error"], "already running")
+	require.GreaterOrEqual(t, r.took, shop.ExportWait)
+
+	// A request on c waits for it, takes the lock when it is released, and finds
+	// nothing left to export.
+	second := make(chan response, 1)
+	go func() { second <- post(t, urls[2]+path, "s3cret") }()
+	time.Sleep(300 * time.Millisecond) // the upload takes 300 ms more
+	hold.Release()
+	r1, r2 := <-first, <-second
+	require.Equal(t, http.StatusOK, r1.status)
+	require.EqualValues(t, 3, r1.body["exported"])
+	require.Regexp(t, `^acc_[0-9a-f]{8}$`, r1.body["batchId"])
+	require.Equal(t, http.StatusOK, r2.status)
+	require.Equal(t, map[string]any{"exported": float64(0)}, r2.body)
+	require.GreaterOrEqual(t, r2.took, 300*time.Millisecond, "it waited for the first")
+	require.Equal(t, [][]string{firstNight}, w.accounting.Batches())
+	require.Equal(t, 1, w.logs.count("shop: exported invoices", "instance=b", "exported=3"))
+
+	// The scheduled run shares the lock: the next tick finds nothing left either.
+	require.NoError(t, w.start(t, "d").shop.InvoiceExport().Run(t.Context()))
+	require.Len(t, w.accounting.Batches(), 1)
+}
+
+func TestAdminLocksListsTheLocksTable(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	a := w.start(t, "a")
+	base := serve(t, a)
+	url := base + "/admin/locks"
+	require.NoError(t, a.shop.StockReconciliation().Run(t.Context()))
+
+	require.Equal(t, http.StatusForbidden, do(t, get(t, url), "").status)
+	r := do(t, get(t, url), "s3cret")
+	require.Equal(t, http.StatusOK, r.status)
+	var locks []shop.LockRow
+	require.NoError(t, json.Unmarshal(r.raw, &locks))
+	keys := make([]string, len(locks))
+	for i, l := range locks {
+		keys[i] = l.Key
+		_, err := time.ParseDuration(l.ExpiresIn)
+		require.NoError(t, err)
+		require.Positive(t, l.Token)
+	}
+	require.Equal(t, []string{shop.StockReconciliationKey, shop.StockReconciliationKey + ":owner"}, keys)
+	require.Empty(t, locks[0].Owner, "the run lock was released")
+	require.Regexp(t, `^a/`, locks[1].Owner, "the lease is a's")
+	require.Greater(t, locks[0].Token, locks[1].Token, "the run lock was taken after the lease")
+	require.True(t, slices.IsSorted(keys))
+
+	r = do(t, get(t, base+"/healthz"), "")
+	require.Equal(t, map[string]any{"status": "ok", "leadsWarehouseFeed": false}, r.body)
+}
+
+func get(t *testing.T, url string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	require.NoError(t, err)
+	return req
+}

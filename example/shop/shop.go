@@ -1,0 +1,300 @@
+package shop
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+	_ "time/tzdata" // Europe/Warsaw, on machines without a time zone database
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock"
+)
+
+// The keys of the shop's locks. They never change: a renamed key would let the old
+// and the new instances each run a job once during a rolling deploy.
+const (
+	// InvoiceExportKey is the invoice export's job key: its run lock, which the admin
+	// endpoint takes too, and with ":owner" its lease.
+	InvoiceExportKey = "invoices:nightly-export"
+	// StockReconciliationKey is the stock reconciliation's job key.
+	StockReconciliationKey = "inventory:stock-reconciliation"
+	// WarehouseFeedKey is the election of the instance that holds the warehouse feed.
+	WarehouseFeedKey = "inventory:warehouse-feed"
+)
+
+// The schedules, and how long the admin endpoint waits for a running export.
+const (
+	// DefaultInvoiceExportCron is 02:00 every night, in InvoiceExportTimeZone.
+	DefaultInvoiceExportCron = "0 2 * * *"
+	// InvoiceExportTimeZone is the invoice export's time zone, unless its cron
+	// expression starts with CRON_TZ= or TZ=.
+	InvoiceExportTimeZone = "Europe/Warsaw"
+	// DefaultStockReconciliationCron is every five minutes.
+	DefaultStockReconciliationCron = "*/5 * * * *"
+	// ExportWait is how long POST /admin/invoice-exports waits for the export's lock
+	// before it answers 409.
+	ExportWait = 2 * time.Second
+)
+
+// ErrInvalidConfig is what New returns, wrapped with the field at fault, for a Config
+// it cannot run with.
+var ErrInvalidConfig = errors.New("shop: invalid config")
+
+// Config is what one instance of the shop runs with.
+type Config struct {
+	// Pool is the shop's database, with the shop's tables (Migrate) and pglock's
+	// (pglock.Migrate). Required; it stays the caller's.
+	Pool *pgxpool.Pool
+	// Locks is the instance's pglock client, on the same database as Pool (the admin
+	// endpoint lists its locks table). Required; it stays the caller's.
+	Locks *pglock.Client
+	// Accounting and Warehouse are the external systems. Required.
+	Accounting AccountingClient
+	Warehouse  WarehouseClient
+	// AdminToken guards the admin endpoints (header X-Admin-Token). Required.
+	AdminToken string
+	// InvoiceExportCron is the export's schedule, five fields or six with seconds first;
+	// empty means DefaultInvoiceExportCron. It runs in InvoiceExportTimeZone unless it
+	// starts with CRON_TZ= or TZ=.
+	InvoiceExportCron string
+	// StockReconciliationCron is the reconciliation's schedule, five fields or six with
+	// seconds first, in the local time zone; empty means DefaultStockReconciliationCron.
+	StockReconciliationCron string
+	// Logger is where the shop logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// ExportResult is what one invoice export did.
+type ExportResult struct {
+	// Exported is how many invoices it uploaded: 0 when no placed order was left
+	// without an invoice.
+	Exported int `json:"exported"`
+	// BatchID is the accounting system's batch, when Exported > 0.
+	BatchID string `json:"batchId,omitempty"`
+}
+
+// Shop is one instance of the cat-food shop: its two scheduled jobs, its HTTP API and
+// its part in the election of the warehouse feed's holder. Its methods are safe for
+// concurrent use.
+type Shop struct {
+	pool       *pgxpool.Pool
+	locks      *pglock.Client
+	accounting AccountingClient
+	warehouse  WarehouseClient
+	logger     *slog.Logger
+	adminToken string
+
+	scheduler gocron.Scheduler
+	export    *pglock.Job
+	reconcile *pglock.Job
+
+	mu       sync.Mutex
+	started  bool
+	election *pglock.Election
+
+	shutdown    sync.Once
+	shutdownErr error
+}
+
+// New returns an instance of the shop: it registers the invoice export (OnOneInstance
+// and WithoutOverlapping on InvoiceExportKey) and the stock reconciliation (the same on
+// StockReconciliationKey) with cfg.Locks and with a gocron scheduler of its own, which
+// Start starts. It returns an error wrapping ErrInvalidConfig, naming the field, for a
+// missing dependency, an empty AdminToken or a cron expression gocron refuses, and
+// pglock's error when cfg.Locks refuses a job (its keys are taken by another Shop on
+// the same client, or it is closed).
+func New(cfg Config) (*Shop, error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, fmt.Errorf("%w: Pool is nil", ErrInvalidConfig)
+	case cfg.Locks == nil:
+		return nil, fmt.Errorf("%w: Locks is nil", ErrInvalidConfig)
+	case cfg.Accounting == nil:
+		return nil, fmt.Errorf("%w: Accounting is nil", ErrInvalidConfig)
+	case cfg.Warehouse == nil:
+		return nil, fmt.Errorf("%w: Warehouse is nil", ErrInvalidConfig)
+	case cfg.AdminToken == "":
+		return nil, fmt.Errorf("%w: AdminToken is empty: the admin endpoints would be open to anyone", ErrInvalidConfig)
+	}
+	s := &Shop{pool: cfg.Pool, locks: cfg.Locks, accounting: cfg.Accounting, warehouse: cfg.Warehouse,
+		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken}
+	var err error
+	if s.scheduler, err = gocron.NewScheduler(); err != nil {
+		return nil, fmt.Errorf("shop: scheduler: %w", err)
+	}
+	// The gocron jobs first: a cron expression it refuses must leave the pglock
+	// client's keys unregistered. The tasks reach the pglock jobs once they exist; no
+	// tick comes before Start.
+	exportCron := cmp.Or(cfg.InvoiceExportCron, DefaultInvoiceExportCron)
+	if !strings.HasPrefix(exportCron, "CRON_TZ=") && !strings.HasPrefix(exportCron, "TZ=") {
+		exportCron = "CRON_TZ=" + InvoiceExportTimeZone + " " + exportCron
+	}
+	crons := []struct {
+		field, expr, name string
+		run               func(ctx context.Context) error
+	}{
+		{"InvoiceExportCron", exportCron, "invoice-export", func(ctx context.Context) error { return s.export.Run(ctx) }},
+		{"StockReconciliationCron", cmp.Or(cfg.StockReconciliationCron, DefaultStockReconciliationCron), "stock-reconciliation",
+			func(ctx context.Context) error { return s.reconcile.Run(ctx) }},
+	}
+	for _, c := range crons {
+		// withSeconds: gocron's parser then takes an optional sixth field, seconds, first.
+		if _, err := s.scheduler.NewJob(gocron.CronJob(c.expr, true), gocron.NewTask(c.run), pglock.JobOptions(c.name)...); err != nil {
+			_ = s.scheduler.Shutdown()
+			return nil, fmt.Errorf("%w: %s %q: %w", ErrInvalidConfig, c.field, c.expr, err)
+		}
+	}
+	s.export, err = s.locks.Job(InvoiceExportKey, s.exportJob, pglock.OnOneInstance(), pglock.WithoutOverlapping())
+	if err == nil {
+		s.reconcile, err = s.locks.Job(StockReconciliationKey, s.ReconcileStock, pglock.OnOneInstance(), pglock.WithoutOverlapping())
+	}
+	if err != nil {
+		_ = s.scheduler.Shutdown()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Start starts the scheduler and the instance's campaign for the warehouse feed. It
+// returns an error when called twice, or pglock's error when the election cannot start
+// (the client is closed, its key is taken).
+func (s *Shop) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("shop: already started")
+	}
+	e, err := s.locks.Elect(WarehouseFeedKey, pglock.Leader{OnAcquired: s.connectFeed, OnLost: s.disconnectFeed})
+	if err != nil {
+		return err
+	}
+	s.started, s.election = true, e
+	s.scheduler.Start()
+	return nil
+}
+
+// Shutdown stops the scheduler (no tick starts from now on; the runs in progress are
+// cancelled, as gocron cancels their ctx, and waited for) and resigns from the feed's
+// election, so that another instance connects to the feed at once. ctx bounds both.
+// Then close, in this order, the pglock client (it hands the jobs' leases back) and the
+// pool. It returns gocron's or the resignation's error, or ctx's when it ends first;
+// later calls return what the first did.
+func (s *Shop) Shutdown(ctx context.Context) error {
+	s.shutdown.Do(func() {
+		err := s.scheduler.ShutdownWithContext(ctx)
+		s.mu.Lock()
+		e := s.election
+		s.mu.Unlock()
+		if e != nil {
+			err = errors.Join(err, e.Resign(ctx))
+		}
+		s.shutdownErr = err
+	})
+	return s.shutdownErr
+}
+
+// InvoiceExport returns the scheduled invoice export: Run runs one tick of it.
+func (s *Shop) InvoiceExport() *pglock.Job { return s.export }
+
+// StockReconciliation returns the scheduled stock reconciliation: Run runs one tick
+// of it.
+func (s *Shop) StockReconciliation() *pglock.Job { return s.reconcile }
+
+// LeadsWarehouseFeed reports whether this instance holds the warehouse feed now, as far
+// as it knows (see pglock.Election.IsLeader).
+func (s *Shop) LeadsWarehouseFeed() bool {
+	s.mu.Lock()
+	e := s.election
+	s.mu.Unlock()
+	return e != nil && e.IsLeader()
+}
+
+func (s *Shop) exportJob(ctx context.Context) error {
+	_, err := s.ExportInvoices(ctx)
+	return err
+}
+
+// ExportInvoices uploads every placed order that has no invoice yet as one batch and
+// marks the orders with the batch id. It takes every pending order, not "yesterday's",
+// so a night it did not run is caught up the next night. Call it under the export's
+// lock (InvoiceExportKey), as the scheduled job and the admin endpoint do: it does
+// not take the lock itself. ctx bounds the reads, the upload and the write; errors
+// are the database's or the accounting system's, wrapped.
+func (s *Shop) ExportInvoices(ctx context.Context) (ExportResult, error) {
+	rows, _ := s.pool.Query(ctx, `SELECT id, user_id, total, placed_at FROM orders
+		WHERE status = 'placed' AND invoiced_at IS NULL ORDER BY placed_at`)
+	pending, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Invoice])
+	if err != nil {
+		return ExportResult{}, fmt.Errorf("shop: pending orders: %w", err)
+	}
+	if len(pending) == 0 {
+		return ExportResult{}, nil
+	}
+	ids := make([]string, len(pending))
+	for i, inv := range pending {
+		ids[i] = inv.OrderID
+	}
+	batch, err := s.accounting.UploadInvoices(ctx, pending)
+	if err != nil {
+		return ExportResult{}, fmt.Errorf("shop: upload invoices: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, "UPDATE orders SET invoiced_at = now(), invoice_batch = $1 WHERE id = ANY($2)", batch, ids); err != nil {
+		return ExportResult{}, fmt.Errorf("shop: mark orders invoiced in batch %s: %w", batch, err)
+	}
+	s.logger.Info("shop: exported invoices", slog.Int("exported", len(pending)), slog.String("batch", batch))
+	return ExportResult{Exported: len(pending), BatchID: batch}, nil
+}
+
+// ReconcileStock asks the warehouse for a full count and writes it to the products
+// table, fenced by the token of the lock ctx runs under (pglock.FromContext: the
+// scheduled job's run lock): a product that a newer run (a greater token) already
+// wrote is left alone, and those stale writes are logged at warn. Pass it ctx, which
+// pglock cancels when the run's lock is lost; the count then stops. It returns an
+// error when ctx carries no lock, or the warehouse's or the database's error, wrapped
+// (a lost lock is a *pglock.LockLostError).
+func (s *Shop) ReconcileStock(ctx context.Context) error {
+	lock, ok := pglock.FromContext(ctx)
+	if !ok {
+		return errors.New("shop: ReconcileStock needs a lock in ctx: run it as the scheduled job")
+	}
+	counts, err := s.warehouse.StockCounts(ctx)
+	if err != nil {
+		return fmt.Errorf("shop: stock counts: %w", err)
+	}
+	ids, units := make([]string, len(counts)), make([]int, len(counts))
+	for i, c := range counts {
+		ids[i], units[i] = c.ProductID, c.Count
+	}
+	written, err := pglock.ExecFenced(ctx, s.pool, `UPDATE products SET in_stock = c.count
+		FROM unnest($1::text[], $2::int[]) AS c(id, count) WHERE products.id = c.id`,
+		"stock_fencing_token", lock.Token(), ids, units)
+	if err != nil {
+		return fmt.Errorf("shop: write stock: %w", err)
+	}
+	if stale := int64(len(counts)) - written; stale > 0 {
+		s.logger.Warn("shop: skipped stale stock writes: a newer run wrote those products",
+			slog.Int64("stale", stale), slog.Int64("token", lock.Token()))
+	}
+	s.logger.Info("shop: reconciled stock", slog.Int64("written", written), slog.Int64("token", lock.Token()))
+	return nil
+}
+
+// connectFeed holds the warehouse feed for as long as this instance leads.
+func (s *Shop) connectFeed(ctx context.Context, lock *pglock.Lock) error {
+	s.logger.Info("shop: connected to the warehouse feed", slog.Int64("token", lock.Token()))
+	return s.warehouse.Subscribe(ctx, func(a LowStockAlert) {
+		s.logger.Warn("shop: low stock", slog.String("product", a.ProductID), slog.Int("left", a.Count))
+	})
+}
+
+func (s *Shop) disconnectFeed(lock *pglock.Lock) {
+	s.logger.Info("shop: disconnected from the warehouse feed", slog.Int64("token", lock.Token()))
+}

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/example/shop"
+	"github.com/pgfence/pglock/internal/pgserver"
+)
+
+// adminToken is the demo instances' admin token.
+const adminToken = "s3cret"
+
+// shopPackage is what tryit builds once and runs three times.
+const shopPackage = "github.com/pgfence/pglock/example/shop/cmd/shop"
+
+// demo is one run of the story: the database, the shop binary, the instances and
+// the steps seen so far.
+type demo struct {
+	o       options
+	out     *output
+	dbURL   string
+	db      *pgxpool.Pool // tryit's own reads of the locks table
+	bin     string
+	closers []func() // what newDemo took, released in reverse order
+
+	instances []*instance // every instance started, running or not
+	steps     []step
+}
+
+// step is a row of the summary.
+type step struct {
+	name, expected, seen string
+	ok                   bool
+}
+
+// newDemo finds the server, prepares the demo's database and builds the shop.
+func newDemo(ctx context.Context, o options, w io.Writer) (_ *demo, err error) {
+	d := &demo{o: o, out: newOutput(w)}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	serverURL, how := o.serverURL, "the server in DATABASE_URL"
+	if serverURL == "" {
+		srv, err := pgserver.Find(ctx, "DATABASE_URL")
+		if err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, func() { _ = srv.Stop() })
+		serverURL, how = srv.URL, srv.How
+	}
+	d.out.say("PostgreSQL: %s; the demo works in the database %s.", how, o.database)
+	if d.dbURL, err = pgserver.EnsureDatabase(ctx, serverURL, o.database); err != nil {
+		return nil, err
+	}
+	if err := pglock.Migrate(ctx, d.dbURL); err != nil {
+		return nil, err
+	}
+	if err := shop.Migrate(ctx, d.dbURL); err != nil {
+		return nil, err
+	}
+	if d.db, err = pgxpool.New(ctx, d.dbURL); err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, d.db.Close)
+	if err := d.waitForAnEarlierRun(ctx); err != nil {
+		return nil, err
+	}
+	if err := shop.Reset(ctx, d.db); err != nil {
+		return nil, err
+	}
+	d.out.say("Reset the orders (ord_1001 to ord_1004, three placed) and the products (salmon kibble: 12).")
+
+	dir, err := os.MkdirTemp("", "pglock-tryit-")
+	if err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, func() { _ = os.RemoveAll(dir) })
+	d.bin = filepath.Join(dir, "shop")
+	d.out.say("Building %s ...", shopPackage)
+	args := append(append([]string{"build"}, o.buildFlags...), "-o", d.bin, shopPackage)
+	if b, err := exec.CommandContext(ctx, "go", args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, b)
+	}
+	return d, nil
+}
+
+// waitForAnEarlierRun waits for the locks of an earlier run's instances to expire (a
+// run that was killed), and fails if they are still renewed (its instances still run).
+func (d *demo) waitForAnEarlierRun(ctx context.Context) error {
+	var n int
+	var left float64
+	query := `SELECT count(*), coalesce(max(extract(epoch FROM expires_at - clock_timestamp())), 0)::float8
+		FROM pglock.locks WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
+	if err := d.db.QueryRow(ctx, query).Scan(&n, &left); err != nil || n == 0 {
+		return err
+	}
+	wait := time.Duration(left*float64(time.Second)) + 2*time.Second
+	d.out.say("%d locks of an earlier run are still held; waiting up to %v for them to expire...", n, wait.Round(time.Second))
+	_, ok, err := d.waitUntil(ctx, wait, func() (bool, error) {
+		err := d.db.QueryRow(ctx, query).Scan(&n, &left)
+		return n == 0, err
+	})
+	if err == nil && !ok {
+		err = fmt.Errorf("%d locks in %s are still renewed: stop the shop instances that hold them first", n, d.o.database)
+	}
+	return err
+}
+
+// close stops every instance still running and releases what newDemo took.
+func (d *demo) close() {
+	for _, i := range d.instances {
+		i.stop(10 * time.Second)
+	}
+	httpClient.CloseIdleConnections()
+	for j := len(d.closers) - 1; j >= 0; j-- {
+		d.closers[j]()
+	}
+}
+
+// start starts instance n (0 to 2) and waits until it answers.
+func (d *demo) start(ctx context.Context, n int) (*instance, error) {
+	port := d.o.basePort + n
+	env := []string{
+		"PORT=" + strconv.Itoa(port),
+		"DATABASE_URL=" + d.dbURL,
+		"ADMIN_TOKEN=" + adminToken,
+		fmt.Sprintf("STOCK_RECONCILIATION_CRON=*/%d * * * * *", int(d.o.every/time.Second)),
+		"LOCK_TTL=" + d.o.ttl.String(),
+		"LOG_LEVEL=debug",
+	}
+	i, err := start(d.bin, port, env, d.out)
+	if err != nil {
+		return nil, err
+	}
+	d.instances = append(d.instances, i)
+	return i, i.ready(ctx, time.Minute)
+}
+
+// holders returns the port of the live holder of every held key, from the locks table.
+func (d *demo) holders(ctx context.Context) (map[string]int, error) {
+	rows, _ := d.db.Query(ctx, `SELECT key, owner FROM pglock.locks WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`)
+	h := map[string]int{}
+	var key, owner string
+	_, err := pgx.ForEachRow(rows, []any{&key, &owner}, func() error {
+		h[key] = ownerPort(owner)
+		return nil
+	})
+	return h, err
+}
+
+// ownerPort reads the port in an owner id ("host:3001/random"; cmd/shop's instance
+// name is host:port), or 0.
+func ownerPort(owner string) int {
+	instance, _, _ := strings.Cut(owner, "/")
+	port, _ := strconv.Atoi(instance[strings.LastIndexByte(instance, ':')+1:])
+	return port
+}
+
+// waitUntil polls cond every 50 ms until it is true, d passes, or ctx ends, and returns
+// how long it waited and whether cond came true.
+func (d *demo) waitUntil(ctx context.Context, timeout time.Duration, cond func() (bool, error)) (time.Duration, bool, error) {
+	start := time.Now()
+	for {
+		ok, err := cond()
+		if err != nil || ok {
+			return time.Since(start), ok, err
+		}
+		if time.Since(start) > timeout {
+			return time.Since(start), false, nil
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return time.Since(start), false, err
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// record adds a step to the summary and prints it.
+func (d *demo) record(name, expected, seen string, ok bool) {
+	d.steps = append(d.steps, step{name, expected, seen, ok})
+	if ok {
+		d.out.say("   ✔ %s: %s", name, seen)
+	} else {
+		d.out.say("   ✘ %s: %s (expected %s)", name, seen, expected)
+	}
+}
+
+// summary prints the table of steps and reports whether every one behaved.
+func (d *demo) summary() bool {
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tEXPECTED\tSEEN\tOK")
+	all := true
+	for _, s := range d.steps {
+		mark := "ok"
+		if !s.ok {
+			mark, all = "FAILED", false
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.name, s.expected, s.seen, mark)
+	}
+	_ = tw.Flush()
+	d.out.say("\nSummary (ttl %v, reconciliation every %v):", d.o.ttl, d.o.every)
+	d.out.raw(b.String())
+	if all {
+		d.out.say("Every step behaved.")
+	} else {
+		d.out.say("Some steps did not behave: see above.")
+	}
+	return all
+}
+
+// keepRunning starts three instances again and keeps them running until ctx ends
+// (Ctrl+C).
+func (d *demo) keepRunning(ctx context.Context) error {
+	d.out.say("\n== Three instances again, kept running until Ctrl+C")
+	var pids []string
+	for n := range 3 {
+		i, err := d.start(ctx, n)
+		if err != nil {
+			return err
+		}
+		pids = append(pids, fmt.Sprintf("%d (port %d)", i.cmd.Process.Pid, i.port))
+	}
+	p := d.o.basePort
+	d.out.say(`Try:
+  curl -s localhost:%[1]d/healthz
+  curl -s -H 'X-Admin-Token: %[2]s' localhost:%[1]d/admin/locks
+  curl -s -X POST -H 'X-Admin-Token: %[2]s' localhost:%[3]d/admin/invoice-exports
+  kill -9 <pid>    # pids: %[4]s
+  psql '%[5]s' -c "SELECT key, owner, fencing_token, expires_at - clock_timestamp() AS expires_in FROM pglock.locks ORDER BY key"
+Ctrl+C stops them.`, p, adminToken, p+1, strings.Join(pids, ", "), d.dbURL)
+	<-ctx.Done()
+	d.out.say("Stopping the instances...")
+	return nil
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgfence/pglock/example/shop"
+)
+
+// The log lines the story looks for in the instances' logs.
+const (
+	logSkipped    = `msg="pglock: skipped job: it runs on another instance"`
+	logReconciled = `msg="shop: reconciled stock"`
+	jobKey        = "key=" + shop.StockReconciliationKey
+	leaseKey      = shop.StockReconciliationKey + ":owner"
+)
+
+// story walks the tutorial's "Try it", recording a step for each claim.
+func (d *demo) story(ctx context.Context) error {
+	ttl, every := d.o.ttl, d.o.every
+
+	d.out.say("\n== 1. Start port %d: it leads the warehouse feed and takes the stock reconciliation at its first tick", d.o.basePort)
+	first, err := d.start(ctx, 0)
+	if err != nil {
+		return err
+	}
+	var h map[string]int
+	holder := func(key string, want ...int) func() (bool, error) {
+		return func() (bool, error) {
+			var err error
+			h, err = d.holders(ctx)
+			return slices.Contains(want, h[key]), err
+		}
+	}
+	_, ok, err := d.waitUntil(ctx, 10*time.Second, holder(shop.WarehouseFeedKey, first.port))
+	if err != nil {
+		return err
+	}
+	d.record("the first instance leads the feed", port(first.port), port(h[shop.WarehouseFeedKey]), ok)
+	_, ok, err = d.waitUntil(ctx, every+5*time.Second, func() (bool, error) {
+		held, err := holder(leaseKey, first.port)()
+		return held && first.count(logReconciled) > 0, err
+	})
+	if err != nil {
+		return err
+	}
+	d.record("it owns the reconciliation", port(first.port)+" reconciles",
+		fmt.Sprintf("lease held by %s, %d runs", port(h[leaseKey]), first.count(logReconciled)), ok)
+
+	d.out.say("\n== 2. Start ports %d and %d: they skip every tick of the reconciliation", d.o.basePort+1, d.o.basePort+2)
+	second, err := d.start(ctx, 1)
+	if err != nil {
+		return err
+	}
+	third, err := d.start(ctx, 2)
+	if err != nil {
+		return err
+	}
+	_, _, err = d.waitUntil(ctx, 2*every+5*time.Second, func() (bool, error) {
+		return second.count(logSkipped, jobKey) > 0 && third.count(logSkipped, jobKey) > 0, nil
+	})
+	if err != nil {
+		return err
+	}
+	if h, err = d.holders(ctx); err != nil {
+		return err
+	}
+	others := second.count(logReconciled) + third.count(logReconciled)
+	d.record("the others skip", "both skip, only "+port(first.port)+" reconciles",
+		fmt.Sprintf("%s skipped %d, %s skipped %d; runs elsewhere: %d; feed: %s", port(second.port), second.count(logSkipped, jobKey),
+			port(third.port), third.count(logSkipped, jobKey), others, port(h[shop.WarehouseFeedKey])),
+		second.count(logSkipped, jobKey) > 0 && third.count(logSkipped, jobKey) > 0 && others == 0 && h[shop.WarehouseFeedKey] == first.port)
+
+	d.out.say("\n== 3. The locks table: GET /admin/locks on port %d", second.port)
+	if err := d.locksTable(ctx, second, first.port); err != nil {
+		return err
+	}
+
+	d.out.say("\n== 4. Run the export by hand: without the admin token, then twice at once on ports %d and %d", second.port, third.port)
+	status, body, err := second.request(ctx, http.MethodPost, "/admin/invoice-exports", "")
+	if err != nil {
+		return err
+	}
+	d.out.say("   no token: %d %s", status, body)
+	d.record("403 without the admin token", "403", fmt.Sprint(status), status == http.StatusForbidden)
+	if err := d.twoExports(ctx, second, third); err != nil {
+		return err
+	}
+
+	d.out.say("\n== 5. kill -9 port %d (pid %d), which leads the feed and runs the reconciliation", first.port, first.cmd.Process.Pid)
+	killed := time.Now()
+	first.signal(syscall.SIGKILL)
+	d.out.say("   %s", first.wait(5*time.Second))
+	if err := sleep(ctx, ttl/3-time.Since(killed)); err != nil {
+		return err
+	}
+	if h, err = d.holders(ctx); err != nil {
+		return err
+	}
+	d.record("nothing moves while its leases live", fmt.Sprintf("feed and job still %s's ttl/3 after", port(first.port)),
+		fmt.Sprintf("feed %s, job %s", port(h[shop.WarehouseFeedKey]), port(h[leaseKey])),
+		h[shop.WarehouseFeedKey] == first.port && h[leaseKey] == first.port)
+	survivors := []int{second.port, third.port}
+	_, ok, err = d.waitUntil(ctx, ttl+ttl/3+5*time.Second, holder(shop.WarehouseFeedKey, survivors...))
+	if err != nil {
+		return err
+	}
+	// The lease was last renewed at most ttl/3 before the kill: it expires 2/3 ttl to
+	// ttl after it, and a campaign comes every ttl/3.
+	moved := time.Since(killed)
+	d.record("then the feed moves", fmt.Sprintf("after %v to %v", (ttl*2/3).Round(time.Millisecond), (ttl+ttl/3).Round(time.Millisecond)),
+		fmt.Sprintf("to %s after %v", port(h[shop.WarehouseFeedKey]), moved.Round(100*time.Millisecond)),
+		ok && moved >= ttl*6/10 && moved <= ttl+ttl/3+time.Second)
+	_, ok, err = d.waitUntil(ctx, ttl+every+5*time.Second, func() (bool, error) {
+		held, err := holder(leaseKey, survivors...)()
+		return held && d.byPort(h[leaseKey]).count(logReconciled) > 0, err
+	})
+	if err != nil {
+		return err
+	}
+	d.record("and the job, at the next tick", fmt.Sprintf("by %v after the kill", ttl+every),
+		fmt.Sprintf("to %s after %v", port(h[leaseKey]), time.Since(killed).Round(100*time.Millisecond)), ok)
+
+	if !ok || !slices.Contains(survivors, h[shop.WarehouseFeedKey]) {
+		return nil // the rest of the story needs a new owner
+	}
+	leader := d.byPort(h[shop.WarehouseFeedKey])
+	last := second
+	if leader == second {
+		last = third
+	}
+	jobHere := h[leaseKey] == leader.port
+	d.out.say("\n== 6. SIGTERM port %d, which leads the feed now: it hands over at once", leader.port)
+	runsBefore := last.count(logReconciled)
+	stopped := time.Now()
+	leader.signal(syscall.SIGTERM)
+	_, ok, err = d.waitUntil(ctx, ttl, holder(shop.WarehouseFeedKey, last.port))
+	if err != nil {
+		return err
+	}
+	took := time.Since(stopped)
+	d.record("the feed moves at once", fmt.Sprintf("to %s, well before the ttl (%v)", port(last.port), ttl),
+		fmt.Sprintf("to %s after %v", port(h[shop.WarehouseFeedKey]), took.Round(10*time.Millisecond)), ok && took < ttl/2)
+	exit := leader.wait(30 * time.Second)
+	d.record("it shuts down cleanly", "exit status 0", exit, exit == "exit status 0")
+	if jobHere {
+		_, ok, err = d.waitUntil(ctx, every+5*time.Second, func() (bool, error) {
+			held, err := holder(leaseKey, last.port)()
+			return held && last.count(logReconciled) > runsBefore, err
+		})
+		if err != nil {
+			return err
+		}
+		d.record("the job moves at the next tick", fmt.Sprintf("to %s within %v", port(last.port), every),
+			fmt.Sprintf("to %s after %v", port(h[leaseKey]), time.Since(stopped).Round(100*time.Millisecond)), ok)
+	}
+
+	d.out.say("\n== 7. Stop port %d, the last one", last.port)
+	last.signal(syscall.SIGTERM)
+	exit = last.wait(30 * time.Second)
+	if h, err = d.holders(ctx); err != nil {
+		return err
+	}
+	d.record("the last one hands everything back", "exit status 0, no lock held",
+		fmt.Sprintf("%s, %d locks held", exit, len(h)), exit == "exit status 0" && len(h) == 0)
+	return nil
+}
+
+func port(p int) string {
+	if p == 0 {
+		return "nobody"
+	}
+	return fmt.Sprint(p)
+}
+
+// byPort returns the instance on port p (the last started there).
+func (d *demo) byPort(p int) *instance {
+	for j := len(d.instances) - 1; j >= 0; j-- {
+		if d.instances[j].port == p {
+			return d.instances[j]
+		}
+	}
+	return &instance{}
+}
+
+// locksTable prints GET /admin/locks on i, and records whether owner's port holds the
+// feed and the job's lease.
+func (d *demo) locksTable(ctx context.Context, i *instance, owner int) error {
+	status, body, err := i.request(ctx, http.MethodGet, "/admin/locks", adminToken)
+	if err != nil {
+		return err
+	}
+	var rows []shop.LockRow
+	if status != http.StatusOK || json.Unmarshal([]byte(body), &rows) != nil {
+		d.record("the locks table", "200 and the table", fmt.Sprintf("%d %s", status, body), false)
+		return nil
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "   KEY\tOWNER\tTOKEN\tEXPIRES IN")
+	held := map[string]int{}
+	for _, r := range rows {
+		fmt.Fprintf(tw, "   %s\t%s\t%d\t%s\n", r.Key, r.Owner, r.Token, r.ExpiresIn)
+		if r.Owner != "" && !strings.HasPrefix(r.ExpiresIn, "-") {
+			held[r.Key] = ownerPort(r.Owner)
+		}
+	}
+	_ = tw.Flush()
+	d.out.raw(b.String())
+	d.record("the locks table", fmt.Sprintf("feed and job lease held by %d", owner),
+		fmt.Sprintf("%d rows; feed %s, lease %s", len(rows), port(held[shop.WarehouseFeedKey]), port(held[leaseKey])),
+		held[shop.WarehouseFeedKey] == owner && held[leaseKey] == owner)
+	return nil
+}
+
+// twoExports sends POST /admin/invoice-exports to a and b at once.
+func (d *demo) twoExports(ctx context.Context, a, b *instance) error {
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	answers := make(chan answer, 2)
+	for _, i := range []*instance{a, b} {
+		go func() {
+			status, body, err := i.request(ctx, http.MethodPost, "/admin/invoice-exports", adminToken)
+			answers <- answer{status, body, err}
+		}()
+	}
+	var exported []int
+	for range 2 {
+		r := <-answers
+		if r.err != nil {
+			return r.err
+		}
+		d.out.say("   %d %s", r.status, r.body)
+		var res shop.ExportResult
+		if r.status != http.StatusOK || json.Unmarshal([]byte(r.body), &res) != nil {
+			exported = append(exported, -1)
+			continue
+		}
+		exported = append(exported, res.Exported)
+	}
+	slices.Sort(exported)
+	seen := fmt.Sprintf("%d and %d", exported[1], exported[0])
+	d.record("two exports at once on two instances", "3 and 0", seen, seen == "3 and 0")
+	return nil
+}
