@@ -18,10 +18,11 @@
 //
 // Of any number of instances, at most one holds a live lease on a key, as the database
 // counts time. The holder renews it every ttl/3, in one statement for all the locks a
-// Client holds. A holder counts its own deadline, ttl from the moment it sent the last
-// renewal the database confirmed; that is before the database started its ttl, so a
-// holder that is running gives up (its Lock.Context is cancelled with a
-// *LockLostError) no later than the database expires the lease.
+// Client holds. A holder counts its own deadline: ttl from the moment it sent the last
+// renewal the database confirmed (before the database started its ttl), less a tenth
+// of ttl for timers and schedulers that run late. So a holder that is running gives up
+// (its Lock.Context is cancelled with a *LockLostError) before the database expires
+// the lease.
 //
 // # What it does not promise, and why fencing exists
 //

@@ -105,7 +105,8 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 
 // TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
 // background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
-// live holder has the key, ErrInvalidKey or ErrInvalidArgument for bad input,
+// live holder has the key (or when the store's confirmation came back only after the
+// lock's ttl, so late that the lock cannot be trusted; it is handed back), ErrInvalidKey or ErrInvalidArgument for bad input,
 // ErrClosed after Close, or the store's error. ctx bounds the store call only; the
 // lock's own lifetime is Lock.Context.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
@@ -117,7 +118,8 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption)
 }
 
 // Acquire takes key, waiting while it is held: it retries with exponential backoff and
-// jitter until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
+// jitter (polling at least every quarter of its ttl, so that a lock whose holder died
+// is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
 // is one attempt), or until ctx ends. With a listener (a client of New, see
 // WithoutListener), the key's release wakes it at once. Close ends the wait with
 // ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
@@ -133,6 +135,8 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	}
 	w := c.listener.waiter(key)
 	defer w.stop()
+	// A lock that expires (its holder died) wakes no one: poll at least every ttl/4.
+	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
 	backoff := 5 * time.Millisecond
 	for {
 		l, err := c.try(ctx, key, lc.ttl)
@@ -153,7 +157,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 		if werr := c.sleepOrWake(ctx, pause, w.woken()); werr != nil {
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
-		backoff = min(backoff*2, time.Second)
+		backoff = min(backoff*2, maxBackoff)
 	}
 }
 
@@ -238,6 +242,11 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 		// Hand it back rather than hold a lock that cannot fence anything.
 		_, _ = c.releaseDetached(ctx, key, owner)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
+	case !c.clock.Now().Before(renewer.Deadline(sentAt, ttl)):
+		// The reply came so late (a partition, a stalled process) that the lock may
+		// already be someone else's: it cannot be trusted for a moment.
+		_, _ = c.releaseDetached(ctx, key, owner)
+		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
 	}
 	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
 	l.entry.Lost = l.lose
@@ -366,11 +375,21 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 }
 
-// releaseDetached hands key back for owner on a detached context.
+// releaseDetached hands key back for owner on a detached context. A failed call is
+// tried once more: a pooled connection whose backend was terminated fails its next
+// statement, and a lock left to expire would hold up the next holder for a whole ttl.
 func (c *Client) releaseDetached(ctx context.Context, key, owner string) (bool, error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	return c.store.Release(ctx, key, owner)
+	ok, err := c.store.Release(ctx, key, owner)
+	if err == nil || ctx.Err() != nil {
+		return ok, err
+	}
+	if _, err := c.store.Release(ctx, key, owner); err != nil {
+		return false, err
+	}
+	// The first call may have released it before failing; either way it is not ours now.
+	return true, nil
 }
 
 // Lock is a held lock: a lease on a key, renewed in the background, with the fencing

@@ -5,10 +5,11 @@
 // # Deadlines
 //
 // A lock's deadline is ttl from the moment the last renewal that the store confirmed was
-// sent: the send time, not the reply time, because the store started its ttl somewhere
-// between the two. A running holder therefore gives up no later than the store expires
-// the lock, so no other holder can have the key while this one still believes it holds
-// it. A refused renewal loses the lock at once; failed renewals are retried until the
+// sent (the send time, not the reply time, because the store started its ttl somewhere
+// between the two), less a tenth of ttl: timers and the scheduler are late by a few
+// milliseconds on a busy machine, and the holder must give up before the store expires
+// the lock, not just after. A running holder therefore learns it lost the lock before
+// any other holder can have the key. A refused renewal loses the lock at once; failed renewals are retried until the
 // deadline, which then loses it. A renewal never re-creates a lock.
 //
 // # Time
@@ -65,6 +66,12 @@ type Entry struct {
 	reason   Reason // why, once lost
 }
 
+// Deadline returns when a lock that the store confirmed for ttl, in a call sent at
+// sentAt, is to be given up: before the store's own expiry by a tenth of ttl.
+func Deadline(sentAt time.Time, ttl time.Duration) time.Time {
+	return sentAt.Add(ttl - ttl/10)
+}
+
 // Config is what a Renewer runs on.
 type Config struct {
 	Store     Store
@@ -104,7 +111,7 @@ func New(cfg Config) *Renewer {
 func (r *Renewer) Add(e *Entry, sentAt time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e.deadline = sentAt.Add(e.TTL)
+	e.deadline = Deadline(sentAt, e.TTL)
 	e.next = sentAt.Add(e.TTL / 3)
 	e.inFlight, e.removed, e.lost, e.reason = false, false, false, 0
 	heap.Push(&r.queue, e)
@@ -132,13 +139,6 @@ func (r *Renewer) Remove(e *Entry) (held bool, reason Reason) {
 	}
 	e.removed = true
 	return true, 0
-}
-
-// Deadline returns the time by which e will be lost unless a renewal is confirmed.
-func (r *Renewer) Deadline(e *Entry) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return e.deadline
 }
 
 // Close stops the schedule, cancels a round's store calls and waits for the round to
@@ -288,7 +288,7 @@ func (r *Renewer) renew(group []*Entry) {
 		switch {
 		case e.removed:
 		case renewed[i]:
-			e.deadline = sentAt.Add(ttl)
+			e.deadline = Deadline(sentAt, ttl)
 			e.next = sentAt.Add(ttl / 3)
 			heap.Push(&r.queue, e)
 		case err == nil:
