@@ -1,0 +1,639 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/pgfence/pglock"
+)
+
+// The invariants, numbered as in the issue; 0 collects problems of the run itself
+// (a worker that exited on its own, a fault that failed), which fail it too.
+const (
+	invRun      = 0
+	invCounters = 1
+	invOverlap  = 2
+	invSignal   = 3
+	invLeader   = 4
+	invJob      = 5
+	invBlind    = 6
+	invariants  = 7
+)
+
+var invariantNames = [invariants]string{
+	invRun:      "the run itself: no worker exits on its own, every fault is injected",
+	invCounters: "fenced counters equal their accepted writes (no lost update); tokens never go back",
+	invOverlap:  "fenced critical sections never overlap on the database clock; nor do a key's leases",
+	invSignal:   "every lost lock is signalled (context cancelled) by its expiry on the database clock, when its holder runs",
+	invLeader:   "at most one leader with a live lease at any instant; OnLost only after OnAcquired",
+	invJob:      "the OnOneInstance job runs each tick at most once across the workers",
+	invBlind:    "the unfenced table loses updates under pauses (else the checker is blind)",
+}
+
+// maxDetails bounds the violations kept per invariant; all are counted.
+const maxDetails = 20
+
+// Result is the checker's verdict on a history, with the numbers of the report.
+type Result struct {
+	Config     Config
+	Violations [invariants]int
+	Details    [invariants][]string
+	Stats      Stats
+}
+
+// Failed reports whether the run broke an invariant, or could not show that the
+// checker sees a lost update.
+func (r *Result) Failed() bool {
+	for _, n := range r.Violations {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Result) violate(inv int, format string, args ...any) {
+	r.Violations[inv]++
+	if len(r.Details[inv]) < maxDetails {
+		r.Details[inv] = append(r.Details[inv], fmt.Sprintf(format, args...))
+	}
+}
+
+// Stats are the run's numbers.
+type Stats struct {
+	Records, Workers, Kills int
+	AcquireOK, AcquireBusy  int // busy: not acquired within the wait
+	AcquireErr              int
+	ReleaseOK, ReleaseLost  int
+	Tables                  map[string]*TableStats
+	TickRuns                int // job runs, on the clients
+	TickZombies             int // runs by an owner whose lease had expired (paused), refused by the fence
+	LeaderTerms             int
+	Faults                  map[string]int
+	LostSignals             map[string]int // by reason
+	PausedHolders           int            // expired leases whose holder was stopped: no signal owed
+	Lateness                []time.Duration
+	LostUpdates             int // unfenced increments lost
+	UnfencedOverlaps        int // unfenced critical sections that overlapped another
+	LeaderPausedExcess      time.Duration
+	Handover                map[string][]time.Duration
+}
+
+// TableStats counts one table's writes: as the clients saw them, and as the database
+// applied them.
+type TableStats struct {
+	OK, Refused, Unknown, ClaimRefused, Applied int
+}
+
+// Handover kinds.
+const (
+	handoverRelease    = "after release (locks)"
+	handoverKillLock   = "after kill (locks)"
+	handoverKillLeader = "after kill (leader)"
+	handoverKillJob    = "after kill (job lease)"
+)
+
+var handoverKinds = []string{handoverRelease, handoverKillLock, handoverKillLeader, handoverKillJob}
+
+// lease is one acquisition of a key as the database logged it.
+type lease struct {
+	key, owner, worker string
+	token              int64
+	start, expires     time.Time
+	released           time.Time // zero unless handed back while live
+}
+
+// end is when the lease stopped being live: its release or its expiry.
+func (l *lease) end() time.Time {
+	if !l.released.IsZero() && l.released.Before(l.expires) {
+		return l.released
+	}
+	return l.expires
+}
+
+type workerToken struct {
+	worker string
+	token  int64
+}
+
+type keyToken struct {
+	key   string
+	token int64
+}
+
+// checker holds a history's indexes while it is checked.
+type checker struct {
+	h       *History
+	r       *Result
+	slack   time.Duration
+	lives   map[string]Life
+	stops   map[string][]Fault // pauses by worker
+	leases  map[string][]*lease
+	byToken map[keyToken]*lease
+	recs    map[string][]Record // by worker, in file order
+	ops     map[string][]Record // by op, in file order
+}
+
+// check verifies the invariants on h.
+func check(h *History) *Result {
+	c := &checker{h: h, r: &Result{Config: h.Config}, slack: h.Config.Slack,
+		lives: map[string]Life{}, stops: map[string][]Fault{}, leases: map[string][]*lease{},
+		byToken: map[keyToken]*lease{}, recs: map[string][]Record{}, ops: map[string][]Record{}}
+	c.r.Stats = Stats{Records: len(h.Records), Workers: len(h.Lives), Tables: map[string]*TableStats{},
+		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{}}
+	c.index()
+	c.run()
+	c.counters()
+	c.overlaps()
+	c.signals()
+	c.leader()
+	c.job()
+	c.handovers()
+	return c.r
+}
+
+func (c *checker) index() {
+	for _, l := range c.h.Lives {
+		c.lives[l.ID] = l
+	}
+	for _, f := range c.h.Faults {
+		c.r.Stats.Faults[f.Kind]++
+		if f.Kind == faultPause {
+			c.stops[f.Target] = append(c.stops[f.Target], f)
+		}
+		if f.Kind == faultKill {
+			c.r.Stats.Kills++
+		}
+	}
+	for _, r := range c.h.Records {
+		c.recs[r.Worker] = append(c.recs[r.Worker], r)
+		if r.Op != "" {
+			c.ops[r.Op] = append(c.ops[r.Op], r)
+		}
+	}
+	cur := map[string]*lease{}
+	for _, row := range c.h.Leases { // in id order: per key, the order of the row lock
+		l := cur[row.Key]
+		switch {
+		case row.Owner != "" && (l == nil || l.token != row.Token || !l.released.IsZero()):
+			l = &lease{key: row.Key, owner: row.Owner, worker: workerOf(row.Owner), token: row.Token, start: row.At, expires: row.ExpiresAt}
+			cur[row.Key] = l
+			c.leases[row.Key] = append(c.leases[row.Key], l)
+			c.byToken[keyToken{row.Key, row.Token}] = l
+		case row.Owner != "": // a renewal
+			l.expires = row.ExpiresAt
+		case l != nil && l.token == row.Token: // a release
+			l.released = row.At
+		}
+	}
+}
+
+// stoppedAt reports whether worker was paused at some moment of [from, to].
+func (c *checker) stoppedAt(worker string, from, to time.Time) bool {
+	for _, f := range c.stops[worker] {
+		if !f.Start.After(to) && !f.End.Before(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// alive reports whether worker's process ran through [from, to].
+func (c *checker) alive(worker string, from, to time.Time) bool {
+	l, ok := c.lives[worker]
+	return ok && !l.Start.After(from) && (l.End.IsZero() || l.End.After(to))
+}
+
+func (c *checker) run() {
+	for _, l := range c.h.Lives {
+		if l.Exit != "" {
+			c.r.violate(invRun, "%s (pid %d) exited on its own: %s; see %s", l.ID, l.PID, l.Exit, l.Stderr)
+		}
+		if len(c.recs[l.ID]) == 0 {
+			c.r.violate(invRun, "%s (pid %d) left no history", l.ID, l.PID)
+		}
+	}
+	for _, f := range c.h.Faults {
+		if f.Err != "" {
+			c.r.violate(invRun, "%s %s at %s failed: %s", f.Kind, f.Target, stamp(f.Start), f.Err)
+		}
+	}
+	for _, r := range c.h.Records {
+		switch {
+		case r.F == fAcquire && r.Type == typeOK:
+			c.r.Stats.AcquireOK++
+		case r.F == fAcquire && r.Type == typeFail && strings.HasPrefix(r.Err, pglock.ErrNotAcquired.Error()):
+			c.r.Stats.AcquireBusy++
+		case r.F == fAcquire && r.Type == typeFail:
+			c.r.Stats.AcquireErr++
+		case r.F == fRelease && r.Type == typeOK:
+			c.r.Stats.ReleaseOK++
+		case r.F == fRelease && r.Type == typeFail:
+			c.r.Stats.ReleaseLost++
+		case r.F == fLead:
+			c.r.Stats.LeaderTerms++
+		case r.F == string(pglock.EventLost):
+			c.r.Stats.LostSignals[r.Reason]++
+		}
+	}
+}
+
+// applied returns the database's accepted writes to table, by key, in commit order.
+func (c *checker) applied(table string) (map[string][]WriteRow, []string) {
+	byKey := map[string][]WriteRow{}
+	for _, w := range c.h.Writes {
+		if w.Table == table {
+			byKey[w.Key] = append(byKey[w.Key], w)
+		}
+	}
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return byKey, keys
+}
+
+// completion returns the completion record of op's function f (the last one that is
+// not an invoke), if the client wrote one.
+func (c *checker) completion(op, f string) (Record, bool) {
+	rs := c.ops[op]
+	for i := len(rs) - 1; i >= 0; i-- {
+		if rs[i].F == f && rs[i].Type != typeInvoke {
+			return rs[i], true
+		}
+	}
+	return Record{}, false
+}
+
+// counters checks invariant 1 on the fenced tables and measures invariant 6's lost
+// updates on the unfenced one.
+func (c *checker) counters() {
+	for _, table := range counterTables {
+		st := &TableStats{}
+		c.r.Stats.Tables[table] = st
+		fenced := table != tableUnfenced
+		byKey, keys := c.applied(table)
+		inDB := map[string]bool{}
+		for _, k := range keys {
+			ws := byKey[k]
+			st.Applied += len(ws)
+			for i, w := range ws {
+				inDB[w.Op] = true
+				if w.New != w.Old+1 && fenced {
+					c.r.violate(invCounters, "%s[%s]: op %s wrote %d over %d (token %d): a lost update", table, k, w.Op, w.New, w.Old, w.NewToken)
+				}
+				if i > 0 && w.NewToken < ws[i-1].NewToken && fenced {
+					c.r.violate(invCounters, "%s[%s]: op %s wrote token %d after %d: the token went back", table, k, w.Op, w.NewToken, ws[i-1].NewToken)
+				}
+				if r, ok := c.completion(w.Op, fWrite); ok && r.Type == typeFail {
+					c.r.violate(invCounters, "%s[%s]: op %s was refused by the database as the client saw it, yet applied", table, k, w.Op)
+				}
+			}
+			final := c.h.Final[table][k]
+			switch {
+			case !fenced:
+				c.r.Stats.LostUpdates += len(ws) - int(final)
+			case final != int64(len(ws)):
+				c.r.violate(invCounters, "%s[%s] = %d after %d accepted writes", table, k, final, len(ws))
+			}
+		}
+		for _, r := range c.h.Records {
+			if r.Table != table {
+				continue
+			}
+			switch {
+			case r.F == fRead && r.Type == typeFail:
+				st.ClaimRefused++
+			case r.F == fWrite && r.Type == typeOK:
+				st.OK++
+				if !inDB[r.Op] {
+					c.r.violate(invCounters, "%s[%s]: op %s (token %d) was acknowledged but is not in the database", table, r.Key, r.Op, r.Token)
+				}
+			case r.F == fWrite && r.Type == typeFail:
+				st.Refused++
+			case r.F == fWrite && r.Type == typeUnknown:
+				st.Unknown++
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(c.h.Final[table])) {
+			if len(byKey[k]) == 0 && c.h.Final[table][k] != 0 {
+				c.r.violate(invCounters, "%s[%s] = %d with no write logged", table, k, c.h.Final[table][k])
+			}
+		}
+	}
+	if c.r.Stats.LostUpdates <= 0 {
+		c.r.violate(invBlind, "the unfenced table lost no update (%d applied writes): the pauses never hit a critical section, so this run could not have seen a broken fence either",
+			c.r.Stats.Tables[tableUnfenced].Applied)
+	}
+}
+
+// overlaps checks invariant 2: on each fenced table, every accepted write's critical
+// section (from its read, or claim, to its write, on the database clock) starts after
+// the previous accepted write of the key; and a key's leases never overlap (the
+// leader's and the job's count for invariants 4 and 5). The unfenced table's overlaps
+// are counted, not violations.
+func (c *checker) overlaps() {
+	for _, table := range counterTables {
+		byKey, keys := c.applied(table)
+		for _, k := range keys {
+			ws := byKey[k]
+			for i, w := range ws {
+				read, ok := c.completion(w.Op, fRead)
+				if !ok || read.Type != typeOK {
+					if table != tableUnfenced {
+						c.r.violate(invOverlap, "%s[%s]: op %s was applied but its read is not in the history", table, k, w.Op)
+					}
+					continue
+				}
+				if i == 0 || read.DB.After(ws[i-1].At) {
+					continue
+				}
+				if table == tableUnfenced {
+					c.r.Stats.UnfencedOverlaps++
+					continue
+				}
+				c.r.violate(invOverlap, "%s[%s]: op %s (token %d) read at %s, before op %s (token %d) wrote at %s",
+					table, k, w.Op, w.NewToken, stamp(read.DB), ws[i-1].Op, ws[i-1].NewToken, stamp(ws[i-1].At))
+			}
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.leases)) {
+		ls := c.leases[key]
+		inv := invOverlap
+		switch key {
+		case leaderKey:
+			inv = invLeader
+		case jobLeaseKey:
+			inv = invJob
+		}
+		for i := 1; i < len(ls); i++ {
+			if ls[i].token <= ls[i-1].token {
+				c.r.violate(invCounters, "lease %q: token %d granted after token %d: the fencing token went back", key, ls[i].token, ls[i-1].token)
+			}
+			if ls[i].start.Before(ls[i-1].end()) {
+				c.r.violate(inv, "lease %q: token %d (%s) from %s while token %d (%s) was live until %s",
+					key, ls[i].token, ls[i].worker, stamp(ls[i].start), ls[i-1].token, ls[i-1].worker, stamp(ls[i-1].end()))
+			}
+		}
+	}
+	for _, r := range c.h.Records {
+		if r.Type == typeEvent && r.F == string(pglock.EventAcquired) && c.byToken[keyToken{r.Key, r.Token}] == nil {
+			c.r.violate(invOverlap, "%s acquired %q with token %d, which the database never granted", r.Worker, r.Key, r.Token)
+		}
+	}
+}
+
+// signals checks invariant 3: a lease that expired (rather than being released) while
+// the client that knew it held it was running must have been signalled lost, or let go
+// (a Release call, whatever its outcome), by its expiry plus the slack.
+func (c *checker) signals() {
+	acquired := map[workerToken]time.Time{} // when the client learned it held the lease
+	signal := map[workerToken]time.Time{}
+	ctxLost := map[workerToken]bool{}
+	releasing := map[workerToken]time.Time{}
+	first := func(k workerToken, t time.Time) {
+		if s, ok := signal[k]; !ok || t.Before(s) {
+			signal[k] = t
+		}
+	}
+	for _, r := range c.h.Records {
+		k := workerToken{r.Worker, r.Token}
+		switch {
+		case r.Type == typeEvent && r.F == string(pglock.EventAcquired):
+			acquired[k] = r.Local
+		case r.F == string(pglock.EventLost):
+			first(k, r.Local)
+		case r.F == fCtxLost:
+			ctxLost[k] = true
+			first(k, r.Local)
+		case r.F == fUnlead && strings.Contains(r.Reason, "lost"):
+			first(k, r.Local)
+		case r.F == fRelease && r.Type == typeInvoke:
+			releasing[k] = r.Local
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.leases)) {
+		for _, l := range c.leases[key] {
+			k := workerToken{l.worker, l.token}
+			known, ok := acquired[k]
+			if !ok || l.end().Before(l.expires) {
+				continue // unknown to its client, or handed back live
+			}
+			// Due by the expiry, or at once when the acquisition's reply came after it (a
+			// partition held it back): a client cannot be told before it knows.
+			e := l.expires
+			if known.After(e) {
+				e = known
+			}
+			if !c.alive(l.worker, e, e.Add(c.slack)) {
+				continue // killed, or shut down, before it could notice
+			}
+			if c.stoppedAt(l.worker, e.Add(-c.slack), e) {
+				c.r.Stats.PausedHolders++
+				continue
+			}
+			s, ok := signal[k]
+			if rel, let := releasing[k]; let && (!ok || rel.Before(s)) {
+				if !rel.After(e.Add(c.slack)) {
+					continue // it let go (a release that failed, or came too late) in time
+				}
+				s, ok = rel, true // it held on past the expiry: its release is the first sign of the loss
+			}
+			if !ok {
+				c.r.violate(invSignal, "%s never noticed that its lease %q (token %d) expired (due by %s)", l.worker, key, l.token, stamp(e))
+				continue
+			}
+			c.r.Stats.Lateness = append(c.r.Stats.Lateness, s.Sub(e))
+			if s.After(e.Add(c.slack)) {
+				c.r.violate(invSignal, "%s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s)",
+					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e))
+			}
+			if strings.HasPrefix(key, "k") && !ctxLost[k] && c.alive(l.worker, e, e.Add(time.Second)) {
+				c.r.violate(invSignal, "%s's lock %q (token %d) was lost without its Context being cancelled with a *LockLostError",
+					l.worker, key, l.token)
+			}
+		}
+	}
+}
+
+// term is one leadership as its leader saw it.
+type term struct {
+	worker     string
+	token      int64
+	start, end time.Time
+}
+
+// leader checks invariant 4: OnLost only after OnAcquired, once, on the same worker;
+// and no two running leaders believing they lead at the same time beyond the slack (a
+// paused leader's belief counts only until its lease's expiry: that is what no lease
+// can prevent, and what fencing is for).
+func (c *checker) leader() {
+	var terms []term
+	for _, w := range slices.Sorted(maps.Keys(c.recs)) {
+		open := map[int64]*term{}
+		lost := map[int64]int{}
+		var mine []*term
+		for _, r := range c.recs[w] {
+			if r.Key != leaderKey {
+				continue
+			}
+			switch r.F {
+			case fLead:
+				t := &term{worker: w, token: r.Token, start: r.Local}
+				open[r.Token] = t
+				mine = append(mine, t)
+			case fUnlead:
+				if t := open[r.Token]; t != nil && t.end.IsZero() {
+					t.end = r.Local
+				}
+			case fOnLost:
+				if open[r.Token] == nil {
+					c.r.violate(invLeader, "%s: OnLost for token %d without OnAcquired", w, r.Token)
+				}
+				if lost[r.Token]++; lost[r.Token] == 2 {
+					c.r.violate(invLeader, "%s: OnLost twice for token %d", w, r.Token)
+				}
+			}
+		}
+		for _, t := range mine {
+			if t.end.IsZero() { // the process died leading
+				t.end = c.lives[w].End
+			}
+			if l := c.byToken[keyToken{leaderKey, t.token}]; l != nil && t.end.After(l.end()) &&
+				c.stoppedAt(w, l.end().Add(-c.slack), l.end()) {
+				c.r.Stats.LeaderPausedExcess = max(c.r.Stats.LeaderPausedExcess, t.end.Sub(l.end()))
+				t.end = l.end()
+			}
+			terms = append(terms, *t)
+		}
+	}
+	slices.SortFunc(terms, func(a, b term) int { return a.start.Compare(b.start) })
+	for i, t := range terms {
+		for _, u := range terms[:i] {
+			if d := minTime(t.end, u.end).Sub(t.start); d > c.slack && u.worker != t.worker {
+				c.r.violate(invLeader, "%s (token %d) and %s (token %d) both led for %v from %s",
+					u.worker, u.token, t.worker, t.token, d.Round(time.Microsecond), stamp(t.start))
+			}
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// job checks invariant 5: in the database, no tick was recorded twice and the job's
+// tokens never went back; on the clients, a tick ran on two workers only when all but
+// one were owners whose lease had expired while they were paused.
+func (c *checker) job() {
+	byKey, _ := c.applied(tableJob)
+	seen := map[int64]string{}
+	var last int64
+	for _, w := range byKey["tick"] {
+		if op, ok := seen[w.New]; ok {
+			c.r.violate(invJob, "tick %d was recorded twice: ops %s and %s", w.New, op, w.Op)
+		}
+		seen[w.New] = w.Op
+		if w.NewToken < last {
+			c.r.violate(invJob, "tick %d: op %s wrote token %d after %d", w.New, w.Op, w.NewToken, last)
+		}
+		last = max(last, w.NewToken)
+	}
+	runs := map[int64][]Record{}
+	for _, r := range c.h.Records {
+		if r.F == fTick && r.Type == typeInvoke {
+			c.r.Stats.TickRuns++
+			runs[r.Wrote] = append(runs[r.Wrote], r)
+		}
+	}
+	for _, n := range slices.Sorted(maps.Keys(runs)) {
+		rs := runs[n]
+		live := 0
+		for _, r := range rs {
+			l := c.byToken[keyToken{jobLeaseKey, r.Token}]
+			switch {
+			case l == nil:
+				c.r.violate(invJob, "%s ran tick %d under token %d, which the database never granted", r.Worker, n, r.Token)
+			case r.Local.Before(l.end()):
+				live++
+			case c.stoppedAt(r.Worker, l.end().Add(-c.slack), r.Local):
+				c.r.Stats.TickZombies++
+			case len(rs) > 1:
+				c.r.violate(invJob, "%s ran tick %d at %s, after its lease (token %d) expired at %s, without a pause", r.Worker, n, stamp(r.Local), r.Token, stamp(l.end()))
+			}
+		}
+		if live > 1 {
+			c.r.violate(invJob, "tick %d ran on %d workers with live leases", n, live)
+		}
+	}
+}
+
+// handovers measures how long a key stayed without a holder: from a release to the
+// next acquisition by a waiter that was already waiting, and from a kill to the next
+// acquisition of what the killed worker held.
+func (c *checker) handovers() {
+	waitingSince := map[workerToken]time.Time{}
+	for _, r := range c.h.Records {
+		if r.F == fAcquire && r.Type == typeOK {
+			waitingSince[workerToken{r.Worker, r.Token}] = r.Start
+		}
+	}
+	hs := c.r.Stats.Handover
+	for key, ls := range c.leases {
+		if !strings.HasPrefix(key, "k") {
+			continue
+		}
+		for i := 1; i < len(ls); i++ {
+			prev, next := ls[i-1], ls[i]
+			since, ok := waitingSince[workerToken{next.worker, next.token}]
+			if prev.released.IsZero() || !prev.released.Before(prev.expires) || !ok || !since.Before(prev.released) {
+				continue
+			}
+			hs[handoverRelease] = append(hs[handoverRelease], next.start.Sub(prev.released))
+		}
+	}
+	for _, f := range c.h.Faults {
+		if f.Kind != faultKill {
+			continue
+		}
+		for key, ls := range c.leases {
+			for i, l := range ls {
+				if l.worker != f.Target || l.start.After(f.Start) || !l.end().After(f.Start) || i+1 == len(ls) {
+					continue
+				}
+				next := ls[i+1]
+				switch {
+				case key == leaderKey:
+					hs[handoverKillLeader] = append(hs[handoverKillLeader], next.start.Sub(f.Start))
+				case key == jobLeaseKey:
+					hs[handoverKillJob] = append(hs[handoverKillJob], next.start.Sub(f.Start))
+				default:
+					if since, ok := waitingSince[workerToken{next.worker, next.token}]; ok && since.Before(l.end()) {
+						hs[handoverKillLock] = append(hs[handoverKillLock], next.start.Sub(f.Start))
+					}
+				}
+			}
+		}
+	}
+}
+
+func stamp(t time.Time) string { return t.Format("15:04:05.000000") }
+
+// percentile returns the p-th percentile (0..100) of ds by the nearest rank.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.SortFunc(s, cmp.Compare)
+	i := int(p/100*float64(len(s))+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}

@@ -1,0 +1,515 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed schema.sql
+var schemaSQL string
+
+// The nemesis's faults.
+const (
+	faultPause     = "pause"     // SIGSTOP a worker (a lock holder if there is one) for 2-4 ttl, then SIGCONT
+	faultKill      = "kill"      // SIGKILL a worker and start a new one in its slot
+	faultTerminate = "terminate" // pg_terminate_backend every backend of one worker
+	faultPartition = "partition" // black-hole a worker's proxy for 1-3 ttl, then restore
+	faultSlow      = "slow"      // SIGUSR1: a worker burns every P of its CPU for Config.Burn
+	faultRestart   = "restart"   // restart PostgreSQL (Config.RestartCommand)
+)
+
+// allFaults in the order reports list them.
+var allFaults = []string{faultPause, faultKill, faultTerminate, faultPartition, faultSlow, faultRestart}
+
+// faultWeight is how often the nemesis picks each fault, relative to the others.
+var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultTerminate: 2, faultPartition: 2, faultSlow: 1, faultRestart: 1}
+
+// Config is one run of the torture test.
+type Config struct {
+	Workers  int           `json:"workers"`
+	Keys     int           `json:"keys"`
+	TTL      time.Duration `json:"ttl"`
+	Duration time.Duration `json:"duration"`
+	Think    time.Duration `json:"think"` // the most a critical section waits between its reads and its writes
+	Tick     time.Duration `json:"tick"`  // the OnOneInstance job's schedule
+	Burn     time.Duration `json:"burn"`  // how long a slow fault burns the CPU
+	Gap      time.Duration `json:"gap"`   // the most time between two faults
+	// Slack is how late a running holder may be told of a loss, after its lease's
+	// expiry on the database clock, before it counts as a violation: the scheduling
+	// delay of a timer on a loaded machine. The holder's own deadline comes before the
+	// expiry by the renewal's latency, which is less.
+	Slack          time.Duration `json:"slack"`
+	Seed           uint64        `json:"seed"`
+	Faults         []string      `json:"faults"` // enabled faults
+	RestartCommand string        `json:"restart_command,omitempty"`
+	Started        time.Time     `json:"started"`
+	Command        string        `json:"command,omitempty"` // how the run was started, for the report
+	Note           string        `json:"note,omitempty"`    // what the report should say about the run's circumstances
+	Server         string        `json:"server,omitempty"`  // PostgreSQL's version
+	Host           string        `json:"host,omitempty"`    // the machine, for the report
+
+	DatabaseURL string    `json:"-"`
+	WorkerBin   string    `json:"-"` // this program, built
+	Dir         string    `json:"-"` // where histories go
+	Log         io.Writer `json:"-"` // progress
+}
+
+func (c *Config) check() error {
+	switch {
+	case c.Workers < 2:
+		return errors.New("torture: want 2 workers or more")
+	case c.Keys < 1:
+		return errors.New("torture: want 1 key or more")
+	case c.TTL < 100*time.Millisecond:
+		return errors.New("torture: want a ttl of 100ms or more")
+	case c.Duration <= 0 || c.Tick <= 0 || c.Think < 0 || c.Burn <= 0 || c.Gap <= 0 || c.Slack < 0:
+		return errors.New("torture: durations must be positive")
+	case c.DatabaseURL == "" || c.WorkerBin == "" || c.Dir == "":
+		return errors.New("torture: database URL, worker binary and directory are required")
+	}
+	for _, f := range c.Faults {
+		if !slices.Contains(allFaults, f) {
+			return fmt.Errorf("torture: unknown fault %q (want some of %s)", f, strings.Join(allFaults, ","))
+		}
+	}
+	if slices.Contains(c.Faults, faultRestart) && c.RestartCommand == "" {
+		return errors.New("torture: the restart fault needs a restart command")
+	}
+	return nil
+}
+
+// controller starts the workers, runs the nemesis, and gathers the history.
+type controller struct {
+	cfg   Config
+	pool  *pgxpool.Pool // straight to the database, never through a proxy
+	rng   *rand.Rand
+	slots []*slot
+	t0    time.Time
+
+	mu     sync.Mutex
+	lives  []*Life
+	faults []Fault
+}
+
+// slot is a place for a worker: its proxy outlives the worker's incarnations.
+type slot struct {
+	n     int
+	proxy *proxy
+	inc   int
+	cur   *proc
+}
+
+// proc is a running worker process.
+type proc struct {
+	life   *Life
+	cmd    *exec.Cmd
+	done   chan struct{} // closed when it has exited and life is complete
+	killed bool          // by the nemesis or at shutdown: an exit that is no finding
+}
+
+// run runs the torture test described by cfg and checks its history. It returns the
+// check's result; the error reports a run that could not be carried out, not
+// violations (see Result.Failed).
+func run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	c := &controller{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x7047))}
+	c.cfg.Started = time.Now()
+	var err error
+	if c.pool, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+		return nil, err
+	}
+	defer c.pool.Close()
+	c.cfg.Host = fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	if err := c.setup(ctx); err != nil {
+		return nil, fmt.Errorf("torture: set-up: %w", err)
+	}
+	dial := upstream(c.pool.Config().ConnConfig)
+	defer c.stopAll()
+	c.logf("seed %d, %d workers, %d keys, ttl %v, %v, faults %s; histories in %s",
+		cfg.Seed, cfg.Workers, cfg.Keys, cfg.TTL, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.Dir)
+	c.t0 = time.Now()
+	for i := range cfg.Workers {
+		p, err := newProxy(dial)
+		if err != nil {
+			return nil, err
+		}
+		s := &slot{n: i + 1, proxy: p}
+		c.slots = append(c.slots, s)
+		if err := c.start(s); err != nil {
+			return nil, err
+		}
+	}
+	runErr := c.nemesis(ctx)
+	sleep(ctx, 2*cfg.TTL) // quiet: the last fault's effects settle before shutdown
+	c.stopAll()
+	if runErr != nil {
+		return nil, runErr
+	}
+	h, err := c.collect(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("torture: collect: %w", err)
+	}
+	if err := saveHistory(cfg.Dir, h); err != nil {
+		return nil, err
+	}
+	if h, err = loadHistory(cfg.Dir); err != nil { // check what a later `torture check` would read
+		return nil, err
+	}
+	return check(h), nil
+}
+
+func (c *controller) logf(format string, args ...any) {
+	if c.cfg.Log == nil {
+		return
+	}
+	fmt.Fprintf(c.cfg.Log, "torture: "+format+"\n", args...)
+}
+
+func (c *controller) setup(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := c.pool.QueryRow(ctx, "SHOW server_version").Scan(&c.cfg.Server); err != nil {
+		return err
+	}
+	if _, err := c.pool.Exec(ctx, schemaSQL); err != nil {
+		return err
+	}
+	for _, table := range counterTables {
+		if _, err := c.pool.Exec(ctx, "INSERT INTO torture."+table+" (key) SELECT 'k' || i FROM generate_series(0, $1 - 1) i",
+			c.cfg.Keys); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// upstream returns how a proxy reaches the server cfg names: its TCP address, or its
+// Unix socket when the host is a directory.
+func upstream(cfg *pgx.ConnConfig) func(ctx context.Context) (net.Conn, error) {
+	network, addr := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	if strings.HasPrefix(cfg.Host, "/") {
+		network, addr = "unix", filepath.Join(cfg.Host, ".s.PGSQL."+strconv.Itoa(int(cfg.Port)))
+	}
+	return func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+}
+
+// start starts the slot's next incarnation.
+func (c *controller) start(s *slot) error {
+	s.inc++
+	id := fmt.Sprintf("w%d.%d", s.n, s.inc)
+	logPath := filepath.Join(c.cfg.Dir, id+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.proxy.addr(), history: historyFile(c.cfg.Dir, id),
+		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64()}
+	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// The kernel kills the worker if the controller dies without cleaning up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = logFile.Close()
+		return err
+	}
+	p := &proc{life: &Life{ID: id, Slot: s.n, PID: cmd.Process.Pid, Start: time.Now(), Stderr: logPath}, cmd: cmd, done: make(chan struct{})}
+	c.mu.Lock()
+	c.lives = append(c.lives, p.life)
+	c.mu.Unlock()
+	s.cur = p
+	go func() {
+		err := cmd.Wait()
+		_ = logFile.Close()
+		c.mu.Lock()
+		p.life.End = time.Now()
+		if err != nil && !p.killed {
+			p.life.Exit = err.Error()
+		}
+		c.mu.Unlock()
+		close(p.done)
+	}()
+	return nil
+}
+
+// signal sends sig to the slot's worker.
+func (c *controller) signal(s *slot, sig syscall.Signal) error {
+	return s.cur.cmd.Process.Signal(sig)
+}
+
+// kill SIGKILLs the slot's worker and waits for it to exit.
+func (c *controller) kill(s *slot) {
+	c.mu.Lock()
+	s.cur.killed, s.cur.life.Killed = true, true
+	c.mu.Unlock()
+	_ = s.cur.cmd.Process.Kill()
+	<-s.cur.done
+}
+
+// stopAll stops every worker: SIGCONT, SIGTERM and a clean Close, or SIGKILL after
+// 20 s. It closes the proxies last (a worker's Close needs its connections). It is
+// safe to call twice.
+func (c *controller) stopAll() {
+	for _, s := range c.slots {
+		if s.cur == nil {
+			continue
+		}
+		select {
+		case <-s.cur.done:
+			continue
+		default:
+		}
+		s.proxy.restore()
+		_ = c.signal(s, syscall.SIGCONT)
+		_ = c.signal(s, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.slots {
+		if s.cur == nil {
+			continue
+		}
+		select {
+		case <-s.cur.done:
+		case <-time.After(time.Until(deadline)):
+			c.mu.Lock()
+			s.cur.killed, s.cur.life.Exit = true, "did not stop within 20s of SIGTERM"
+			c.mu.Unlock()
+			_ = s.cur.cmd.Process.Kill()
+			<-s.cur.done
+		}
+	}
+	for _, s := range c.slots {
+		s.proxy.close()
+	}
+}
+
+// revive restarts the workers that exited on their own (a finding, kept in their
+// Life) so the run goes on.
+func (c *controller) revive() error {
+	for _, s := range c.slots {
+		select {
+		case <-s.cur.done:
+			c.logf("%6.1fs %s exited on its own: %s (see %s)", time.Since(c.t0).Seconds(), s.cur.life.ID, s.cur.life.Exit, s.cur.life.Stderr)
+			if err := c.start(s); err != nil {
+				return err
+			}
+		default:
+		}
+	}
+	return nil
+}
+
+// nemesis injects faults one at a time, in an order and with timings drawn from the
+// seed, until the run's duration has passed, and heals each before the next.
+func (c *controller) nemesis(ctx context.Context) error {
+	end := c.t0.Add(c.cfg.Duration)
+	// A shuffled bag: each round injects every fault its weight's number of times, in
+	// a random order, so that even a short run pauses a holder several times.
+	var bag, round []string
+	for _, f := range c.cfg.Faults {
+		for range faultWeight[f] {
+			bag = append(bag, f)
+		}
+	}
+	if !sleep(ctx, min(2*c.cfg.TTL, c.cfg.Duration)) { // let the workers start
+		return context.Cause(ctx)
+	}
+	for time.Now().Before(end) {
+		if err := c.revive(); err != nil {
+			return err
+		}
+		if len(round) == 0 {
+			round = slices.Clone(bag)
+			c.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+		}
+		if len(round) > 0 {
+			kind := round[0]
+			round = round[1:]
+			s := c.slots[c.rng.IntN(len(c.slots))]
+			f, err := c.inject(ctx, kind, s)
+			if err != nil {
+				return err
+			}
+			c.mu.Lock()
+			c.faults = append(c.faults, f)
+			c.mu.Unlock()
+			target := cmp.Or(f.Target, "the server")
+			c.logf("%6.1fs %s %s %s%s", f.Start.Sub(c.t0).Seconds(), f.Kind, target, f.End.Sub(f.Start).Round(time.Millisecond),
+				suffix(f.Detail, f.Err))
+		}
+		gap := time.Duration(c.rng.Int64N(int64(c.cfg.Gap)) + 1)
+		if !sleep(ctx, min(gap, time.Until(end))) {
+			return context.Cause(ctx)
+		}
+	}
+	return c.revive()
+}
+
+func suffix(detail, err string) string {
+	s := ""
+	if detail != "" {
+		s += " (" + detail + ")"
+	}
+	if err != "" {
+		s += " error: " + err
+	}
+	return s
+}
+
+// between draws a duration in [lo, hi).
+func (c *controller) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(c.rng.Int64N(int64(hi-lo)))
+}
+
+// inject runs one fault on s (or on the server) and heals it, however ctx ends. It
+// returns an error only when the run cannot go on.
+func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, error) {
+	f := Fault{Kind: kind, Target: s.cur.life.ID, Start: time.Now()}
+	var err error
+	switch kind {
+	case faultPause:
+		d := c.between(2*c.cfg.TTL, 4*c.cfg.TTL)
+		if h := c.holder(ctx); h != nil {
+			s, f.Target, f.Detail = h, h.cur.life.ID, "a lock holder"
+		}
+		f.Start = time.Now()
+		if err = c.signal(s, syscall.SIGSTOP); err == nil {
+			sleep(ctx, d)
+			err = c.signal(s, syscall.SIGCONT)
+		}
+	case faultKill:
+		c.kill(s)
+		f.End = time.Now()
+		return f, c.start(s)
+	case faultTerminate:
+		var n int
+		err = c.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = $1`, appName(f.Target)).Scan(&n)
+		f.Detail = strconv.Itoa(n) + " backends"
+	case faultPartition:
+		s.proxy.blackhole()
+		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
+		s.proxy.restore()
+	case faultSlow:
+		if err = c.signal(s, syscall.SIGUSR1); err == nil {
+			sleep(ctx, c.cfg.Burn)
+		}
+	case faultRestart:
+		f.Target = ""
+		err = c.restart(ctx)
+	}
+	f.End = time.Now()
+	if err != nil {
+		f.Err = err.Error()
+	}
+	return f, nil
+}
+
+// holder returns the slot of a worker that holds one of the keys' locks now, if any:
+// a pause then lands in a critical section.
+func (c *controller) holder(ctx context.Context) *slot {
+	for range 20 { // a key is almost always held; between two holders, look again
+		rows, err := c.pool.Query(ctx, `SELECT owner FROM pglock.locks
+			WHERE key LIKE 'k%' AND owner IS NOT NULL AND expires_at > clock_timestamp() ORDER BY key`)
+		if err != nil {
+			return nil
+		}
+		owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return nil
+		}
+		if len(owners) > 0 {
+			w := workerOf(owners[c.rng.IntN(len(owners))])
+			for _, s := range c.slots {
+				if s.cur.life.ID == w {
+					return s
+				}
+			}
+		}
+		if !sleep(ctx, 10*time.Millisecond) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// restart runs the restart command and waits until the server answers again.
+func (c *controller) restart(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(cctx, "sh", "-c", c.cfg.RestartCommand).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w: %s", c.cfg.RestartCommand, err, out)
+	}
+	for {
+		if err := c.pool.Ping(cctx); err == nil {
+			return nil
+		}
+		if !sleep(cctx, 200*time.Millisecond) {
+			return fmt.Errorf("the server did not answer after the restart: %w", cctx.Err())
+		}
+	}
+}
+
+// collect reads what the database logged and what the controller saw.
+func (c *controller) collect(ctx context.Context) (*History, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	h := &History{Config: c.cfg, Final: map[string]map[string]int64{}}
+	var err error
+	rows, _ := c.pool.Query(ctx, `SELECT id, key, coalesce(owner, ''), token, expires_at, at FROM torture.lease_log ORDER BY id`)
+	if h.Leases, err = pgx.CollectRows(rows, pgx.RowToStructByPos[LeaseRow]); err != nil {
+		return nil, err
+	}
+	rows, _ = c.pool.Query(ctx, `SELECT id, tbl, key, op, old_value, new_value, old_token, new_token, at FROM torture.writes ORDER BY id`)
+	if h.Writes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[WriteRow]); err != nil {
+		return nil, err
+	}
+	type counter struct {
+		Key   string
+		Value int64
+	}
+	for _, table := range append(slices.Clone(counterTables), tableJob) {
+		rows, _ := c.pool.Query(ctx, "SELECT key, value FROM torture."+table)
+		counters, err := pgx.CollectRows(rows, pgx.RowToStructByPos[counter])
+		if err != nil {
+			return nil, err
+		}
+		h.Final[table] = map[string]int64{}
+		for _, kv := range counters {
+			h.Final[table][kv.Key] = kv.Value
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h.Faults = slices.Clone(c.faults)
+	for _, l := range c.lives {
+		h.Lives = append(h.Lives, *l)
+	}
+	return h, nil
+}
