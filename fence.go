@@ -92,9 +92,10 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // was taken over, released or expired updates nothing (0 rows), because lock_held is
 // false for it; a write that commits before the takeover is the old holder's
 // legitimate write. lock_held takes a FOR SHARE lock on the lock's row, held until the
-// write's transaction ends, so a takeover (or a release, or the holder's own renewal)
-// that starts while that transaction is open waits for it to commit or roll back: no
-// new token exists before the write is settled. Under READ COMMITTED lock_held reads
+// write's transaction ends, so while that transaction is open no takeover can happen:
+// an acquisition that meets the locked row fails at once (Acquire retries), and a
+// release or the holder's own renewal waits for it to commit or roll back. No new
+// token exists before the write is settled. Under READ COMMITTED lock_held reads
 // the latest committed row; under REPEATABLE READ or SERIALIZABLE a takeover committed
 // after the transaction's snapshot makes the write fail with a serialization error
 // (SQLSTATE 40001) instead of writing. Keep fenced transactions short, since they hold

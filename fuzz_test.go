@@ -136,6 +136,9 @@ func FuzzTTL(f *testing.F) {
 			require.Contains(t, err.Error(), "Wait")
 			return
 		}
+		if errors.Is(err, pglock.ErrNotAcquired) && ttl < time.Second {
+			return // a ttl shorter than the round trip: the confirmation came too late to trust
+		}
 		require.NoError(t, err)
 		h, err := store.(pglock.HolderReader).Holder(ctx, "fuzz-ttl")
 		require.NoError(t, err)

@@ -3,7 +3,8 @@
 -- (FenceHeld) ANDs it to its WHERE, so a write that runs after a takeover, a release
 -- or the expiry writes nothing.
 --
--- FOR SHARE locks the lock row until the caller's transaction ends: a takeover's
+-- FOR SHARE locks the lock row until the caller's transaction ends: a takeover (which
+-- fails at once on a locked row since 000004) cannot happen meanwhile, and an
 -- UPDATE of the row (and a release or renewal) waits until the write that saw the
 -- lock held has committed or rolled back, so no newer token exists while it is open.
 -- When such an UPDATE committed first, FOR SHARE re-reads the new row version under
