@@ -169,15 +169,14 @@ func BenchmarkAcquireRelease(b *testing.B) {
 					return err
 				}
 				defer conn.Release()
-				var locked, unlocked bool
-				if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(g)).Scan(&locked); err != nil {
-					return err
-				}
-				if err := conn.QueryRow(ctx, "SELECT pg_advisory_unlock($1)", int64(g)).Scan(&unlocked); err != nil {
-					return err
-				}
-				if !locked || !unlocked {
-					return fmt.Errorf("advisory lock %d: locked %v, unlocked %v", g, locked, unlocked)
+				for _, q := range []string{"SELECT pg_try_advisory_lock($1)", "SELECT pg_advisory_unlock($1)"} {
+					var ok bool
+					if err := conn.QueryRow(ctx, q, int64(g)).Scan(&ok); err != nil {
+						return err
+					}
+					if !ok {
+						return fmt.Errorf("%s with %d: false", q, g)
+					}
 				}
 				return nil
 			}}
@@ -271,13 +270,6 @@ func BenchmarkRenewMany(b *testing.B) {
 	}
 }
 
-func tableSize(tb testing.TB, pool *pgxpool.Pool) int64 {
-	tb.Helper()
-	var size int64
-	require.NoError(tb, pool.QueryRow(tb.Context(), "SELECT pg_total_relation_size('pglock.locks')").Scan(&size))
-	return size
-}
-
 // BenchmarkRenewManyTableSize renews 10,000 locks with lock_renew_many, 60 rounds per
 // operation, and reports the size of the table (heap and index) after them as a
 // multiple of its size before (size-ratio). Target: at most 1.10. The renewals are HOT
@@ -294,7 +286,9 @@ func BenchmarkRenewManyTableSize(b *testing.B) {
 	require.NoError(b, err)
 	keys, owners := seedLocks(b, pool, 10_000)
 	batch := pglock.NewPostgresStore(pool).(pglock.BatchRenewer)
-	before := tableSize(b, pool)
+	const size = "SELECT pg_total_relation_size('pglock.locks')"
+	var before, after int64
+	require.NoError(b, pool.QueryRow(ctx, size).Scan(&before))
 	b.ResetTimer()
 	for b.Loop() {
 		for range 60 {
@@ -304,7 +298,8 @@ func BenchmarkRenewManyTableSize(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(tableSize(b, pool))/float64(before), "size-ratio")
+	require.NoError(b, pool.QueryRow(ctx, size).Scan(&after))
+	b.ReportMetric(float64(after)/float64(before), "size-ratio")
 }
 
 // BenchmarkContendedKey has 32 goroutines racing for one key with TryAcquire, the
