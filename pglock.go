@@ -425,9 +425,10 @@ func (l *Lock) TTL() time.Duration { return l.entry.TTL }
 // loss, context.Cause is a *LockLostError. FromContext on it returns l.
 func (l *Lock) Context() context.Context { return l.ctx }
 
-// Held reports whether the lock is neither released nor known to be lost. A paused
-// process cannot know: see the package doc on fencing.
-func (l *Lock) Held() bool { return l.ctx.Err() == nil }
+// Held reports whether the lock is neither released nor lost, and its deadline (see the
+// package doc) has not passed on the client's clock, even if the renewer has not yet
+// run to say so. A paused process cannot know: see the package doc on fencing.
+func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
 
 // Release gives the lock back. It is idempotent: later calls return what the first
 // returned. The store call runs on ctx detached from its cancellation, with a timeout,

@@ -141,6 +141,16 @@ func (r *Renewer) Remove(e *Entry) (held bool, reason Reason) {
 	return true, 0
 }
 
+// Live reports whether e is added, not lost, and before its deadline on the clock. It
+// does not wait for the schedule: a round that runs late (a starved process, a store
+// call hanging while the server restarts) must not let a holder act past its deadline.
+func (r *Renewer) Live(e *Entry) bool {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !e.lost && !e.removed && now.Before(e.deadline)
+}
+
 // Close stops the schedule, cancels a round's store calls and waits for the round to
 // end. Entries still added are dropped without a call to Lost.
 func (r *Renewer) Close() {
