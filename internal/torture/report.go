@@ -197,8 +197,8 @@ from a kill to the next acquisition of what the killed worker held (a lock's lea
 
 - A lease does not stop a paused holder: its belief outlives its lease (see the paused leader's excess above), and
   only the fences stop its writes. The unfenced table shows what happens without them.
-- The slack allows a running holder's timer to fire a little after the expiry on a loaded machine: the holder's
-  own deadline is its last confirmed renewal's send time plus the ttl, which precedes the database's expiry only by
-  that renewal's latency.
+- The slack allows a running holder's timer to fire a little after the expiry on a very loaded machine; in
+  practice the holder gives up a tenth of the ttl before the database's expiry (its deadline is its last confirmed
+  renewal's send time plus 0.9 ttl), which is why the signals above come about 100 ms early.
 - One machine: no clock skew between hosts, and no real network; the proxy stands in for it.
 `
