@@ -480,19 +480,20 @@ func (l *Lock) lostError(r renewer.Reason) *LockLostError {
 }
 
 // abandon ends a lock that Close could not release in time.
-func (l *Lock) abandon() {
-	l.mu.Lock()
-	if !l.done {
-		l.done, l.err = true, ErrClosed
-	}
-	l.mu.Unlock()
-	l.c.forget(l)
-	l.cancel(ErrClosed)
-}
+func (l *Lock) abandon() { l.end(ErrClosed) }
 
 // lose is the renewer's report that the lock is lost.
 func (l *Lock) lose(r renewer.Reason) {
 	err := l.lostError(r)
+	l.end(err)
+	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
+		slog.Int64("token", l.token), slog.Any("err", err))
+	l.c.emit(EventLost, l, err.Reason)
+}
+
+// end records why the lock ended, unless Release got there first, and cancels its
+// context with that cause.
+func (l *Lock) end(err error) {
 	l.mu.Lock()
 	if !l.done {
 		l.done, l.err = true, err
@@ -500,9 +501,6 @@ func (l *Lock) lose(r renewer.Reason) {
 	l.mu.Unlock()
 	l.c.forget(l)
 	l.cancel(err)
-	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
-		slog.Int64("token", l.token), slog.Any("err", err))
-	l.c.emit(EventLost, l, err.Reason)
 }
 
 type lockContextKey struct{}
