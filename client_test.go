@@ -3,7 +3,6 @@ package pglock_test
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -364,20 +363,6 @@ func TestCloseReleasesEverything(t *testing.T) {
 	_, err = a.TryAcquire(t.Context(), "f")
 	require.ErrorIs(t, err, pglock.ErrClosed)
 	require.NoError(t, a.Close(t.Context()), "Close twice")
-}
-
-func TestHeldLocksCostNoGoroutine(t *testing.T) {
-	pool := pglocktest.Postgres(t)
-	c := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
-	l, err := c.TryAcquire(t.Context(), "warm-up") // the first lock starts the renewer's timer
-	require.NoError(t, err)
-	before := runtime.NumGoroutine()
-	for i := range 200 {
-		_, err := c.TryAcquire(t.Context(), "k"+string(rune('a'+i%26))+strings.Repeat("x", i/26))
-		require.NoError(t, err)
-	}
-	require.LessOrEqual(t, runtime.NumGoroutine(), before)
-	require.NoError(t, l.Release(t.Context()))
 }
 
 func TestOneHolderAtATimeUnderRace(t *testing.T) {
