@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,7 +39,7 @@ type listener struct {
 	logger *slog.Logger
 
 	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
+	waiters map[string]map[*waiter]struct{}
 	up      bool // LISTEN is active
 	closed  bool
 	cancel  context.CancelFunc // set when the connection's goroutine starts
@@ -46,7 +47,7 @@ type listener struct {
 }
 
 func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger) *listener {
-	l := &listener{logger: logger, waiters: make(map[string]map[chan struct{}]struct{}), done: make(chan struct{})}
+	l := &listener{logger: logger, waiters: make(map[string]map[*waiter]struct{}), done: make(chan struct{})}
 	if marker, ok := store.(wantMarker); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
@@ -58,6 +59,12 @@ type waiter struct {
 	l   *listener
 	key string
 	ch  chan struct{} // nil until the first want
+	// The key's row carries this waiter's mark while markedAt == wakes+1, and a
+	// further want then needs no round trip. A release clears the mark and notifies,
+	// and a reconnection may have missed that: both count a wake (signal), which also
+	// voids a mark whose round trip was under way when it came.
+	wakes    atomic.Uint64
+	markedAt atomic.Uint64
 }
 
 func (l *listener) waiter(key string) *waiter { return &waiter{l: l, key: key} }
@@ -67,12 +74,19 @@ func (l *listener) waiter(key string) *waiter { return &waiter{l: l, key: key} }
 // notifies. It reports false when the key was released in between: try again now.
 func (w *waiter) want(ctx context.Context) bool {
 	if w.ch == nil {
-		w.ch = w.l.subscribe(w.key)
+		w.l.subscribe(w)
 	}
 	if !w.l.listening() {
 		return true
 	}
+	wakes := w.wakes.Load()
+	if w.markedAt.Load() == wakes+1 {
+		return true
+	}
 	wanted, err := w.l.marker.markWanted(ctx, w.key)
+	if wanted {
+		w.markedAt.Store(wakes + 1)
+	}
 	return wanted || err != nil // on an error, polling carries on
 }
 
@@ -88,30 +102,31 @@ func (w *waiter) stop() {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.waiters[w.key], w.ch)
+	delete(l.waiters[w.key], w)
 	if len(l.waiters[w.key]) == 0 {
 		delete(l.waiters, w.key)
 	}
 }
 
-func (l *listener) subscribe(key string) chan struct{} {
-	ch := make(chan struct{}, 1)
+// subscribe gives w its channel and adds it to the key's waiters.
+func (l *listener) subscribe(w *waiter) {
+	key := w.key
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	w.ch = make(chan struct{}, 1)
 	if l.closed {
-		ch <- struct{}{} // the waiter's next attempt meets ErrClosed
-		return ch
+		w.ch <- struct{}{} // the waiter's next attempt meets ErrClosed
+		return
 	}
 	if l.waiters[key] == nil {
-		l.waiters[key] = make(map[chan struct{}]struct{})
+		l.waiters[key] = make(map[*waiter]struct{})
 	}
-	l.waiters[key][ch] = struct{}{}
+	l.waiters[key][w] = struct{}{}
 	if l.config != nil && l.cancel == nil {
 		var ctx context.Context
 		ctx, l.cancel = context.WithCancel(context.Background())
 		go l.run(ctx)
 	}
-	return ch
 }
 
 func (l *listener) listening() bool {
@@ -127,11 +142,12 @@ func (l *listener) wakeAll() {
 	}
 }
 
-// signal wakes each waiter of set that is not woken yet.
-func signal(set map[chan struct{}]struct{}) {
-	for ch := range set {
+// signal wakes each waiter of set that is not woken yet, and has it mark the key again.
+func signal(set map[*waiter]struct{}) {
+	for w := range set {
+		w.wakes.Add(1)
 		select {
-		case ch <- struct{}{}:
+		case w.ch <- struct{}{}:
 		default:
 		}
 	}
