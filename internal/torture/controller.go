@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock/internal/tcpproxy"
 )
 
 //go:embed schema.sql
@@ -113,7 +114,7 @@ type controller struct {
 // slot is a place for a worker: its proxy outlives the worker's incarnations.
 type slot struct {
 	n     int
-	proxy *proxy
+	proxy *tcpproxy.Proxy
 	inc   int
 	cur   *proc
 }
@@ -147,13 +148,14 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := c.setup(ctx); err != nil {
 		return nil, fmt.Errorf("torture: set-up: %w", err)
 	}
-	dial := upstream(c.pool.Config().ConnConfig)
+	cc := c.pool.Config().ConnConfig
+	dial := tcpproxy.To(cc.Host, cc.Port)
 	defer c.stopAll()
 	c.logf("seed %d, %d workers, %d keys, ttl %v, %v, faults %s; histories in %s",
 		cfg.Seed, cfg.Workers, cfg.Keys, cfg.TTL, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.Dir)
 	c.t0 = time.Now()
 	for i := range cfg.Workers {
-		p, err := newProxy(dial)
+		p, err := tcpproxy.New(dial)
 		if err != nil {
 			return nil, err
 		}
@@ -207,19 +209,6 @@ func (c *controller) setup(ctx context.Context) error {
 	return nil
 }
 
-// upstream returns how a proxy reaches the server cfg names: its TCP address, or its
-// Unix socket when the host is a directory.
-func upstream(cfg *pgx.ConnConfig) func(ctx context.Context) (net.Conn, error) {
-	network, addr := "tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-	if strings.HasPrefix(cfg.Host, "/") {
-		network, addr = "unix", filepath.Join(cfg.Host, ".s.PGSQL."+strconv.Itoa(int(cfg.Port)))
-	}
-	return func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	}
-}
-
 // start starts the slot's next incarnation.
 func (c *controller) start(s *slot) error {
 	s.inc++
@@ -229,7 +218,7 @@ func (c *controller) start(s *slot) error {
 	if err != nil {
 		return err
 	}
-	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.proxy.addr(), history: historyFile(c.cfg.Dir, id),
+	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.proxy.Addr(), history: historyFile(c.cfg.Dir, id),
 		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64()}
 	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -285,7 +274,7 @@ func (c *controller) stopAll() {
 			continue
 		default:
 		}
-		s.proxy.restore()
+		s.proxy.Restore()
 		_ = c.signal(s, syscall.SIGCONT)
 		_ = c.signal(s, syscall.SIGTERM)
 	}
@@ -305,7 +294,7 @@ func (c *controller) stopAll() {
 		}
 	}
 	for _, s := range c.slots {
-		s.proxy.close()
+		s.proxy.Close()
 	}
 }
 
@@ -413,9 +402,9 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 			WHERE datname = current_database() AND application_name = $1`, appName(f.Target)).Scan(&n)
 		f.Detail = strconv.Itoa(n) + " backends"
 	case faultPartition:
-		s.proxy.blackhole()
+		s.proxy.Blackhole()
 		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
-		s.proxy.restore()
+		s.proxy.Restore()
 	case faultSlow:
 		if err = c.signal(s, syscall.SIGUSR1); err == nil {
 			sleep(ctx, c.cfg.Burn)

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -295,52 +293,4 @@ func baseline() *History {
 	lease(jobLeaseKey, "", 6, 9500, 9999)
 	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 	return h
-}
-
-// The proxy holds traffic while black-holed and delivers it, late, once restored.
-func TestProxyBlackholeHoldsThenDelivers(t *testing.T) {
-	t.Parallel()
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
-	p, err := newProxy(func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", echo.Addr().String())
-	})
-	require.NoError(t, err)
-	defer p.close()
-
-	conn, err := net.Dial("tcp", p.addr())
-	require.NoError(t, err)
-	defer conn.Close()
-	buf := make([]byte, 5)
-	_, err = conn.Write([]byte("hello"))
-	require.NoError(t, err)
-	_, err = io.ReadFull(conn, buf)
-	require.NoError(t, err)
-
-	p.blackhole()
-	_, err = conn.Write([]byte("stale"))
-	require.NoError(t, err)
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(200*time.Millisecond)))
-	_, err = conn.Read(buf)
-	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing passes a black hole")
-
-	p.restore()
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
-	_, err = io.ReadFull(conn, buf)
-	require.NoError(t, err)
-	require.Equal(t, "stale", string(buf), "what was held is delivered after the restore")
 }
