@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 
 	"github.com/golang-migrate/migrate/v4"
-	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers the pgx5:// scheme
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 )
 
 //go:generate go run ./internal/gensql
@@ -36,48 +36,45 @@ func mustSub(f fs.FS, dir string) fs.FS {
 // collides with the application's golang-migrate table.
 const migrationsTable = `"pglock"."schema_migrations"`
 
-// Migrate brings the pglock schema in the database at databaseURL (a postgres:// or
-// postgresql:// URL; empty means the libpq defaults) up to date, with golang-migrate
-// and the migrations table pglock.schema_migrations. It is safe to call from many
-// instances at once: one migrates, the others wait for it and find nothing to do.
+// Migrate brings the pglock schema in the database that databaseURL names up to date,
+// with golang-migrate and the migrations table pglock.schema_migrations. databaseURL
+// is anything pgx accepts: a postgres:// or postgresql:// URL, a "key=value"
+// connection string, or "" for the libpq defaults (PGHOST, PGDATABASE, PGUSER, the
+// local socket...), so Migrate(ctx, os.Getenv("DATABASE_URL")) works with or without
+// the variable. It is safe to call from many instances at once: one migrates, the
+// others wait for it and find nothing to do.
 //
 // ctx bounds the connection and stops the migration between two steps; a step that
 // has started runs to its end. Errors are "pglock: migrate"-prefixed and wrap the
 // driver's error.
 func Migrate(ctx context.Context, databaseURL string) error {
-	u, err := url.Parse(databaseURL)
+	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("pglock: migrate: database URL: %w", err)
+		return fmt.Errorf("pglock: migrate: connection string: %w", err)
 	}
-	switch u.Scheme {
-	case "postgres", "postgresql":
-	case "":
-		if databaseURL != "" {
-			return fmt.Errorf("pglock: migrate: database URL %q: want postgres://", databaseURL)
-		}
-		u = &url.URL{Scheme: "postgres"}
-	default:
-		return fmt.Errorf("pglock: migrate: database URL scheme %q: want postgres://", u.Scheme)
-	}
-	if err := createSchema(ctx, u.String()); err != nil {
+	if err := createSchema(ctx, cfg); err != nil {
 		return err
 	}
-
-	q := u.Query()
-	q.Set("x-migrations-table", migrationsTable)
-	q.Set("x-migrations-table-quoted", "true")
-	u.RawQuery = q.Encode()
-	u.Scheme = "pgx5"
-
+	db := stdlib.OpenDB(*cfg)
+	driver, err := migratepgx.WithInstance(db, &migratepgx.Config{
+		MigrationsTable:       migrationsTable,
+		MigrationsTableQuoted: true,
+	})
+	if err != nil {
+		_ = db.Close()
+		return fmt.Errorf("pglock: migrate: %w", err)
+	}
 	src, err := iofs.New(Migrations, ".")
 	if err != nil {
+		_ = driver.Close()
 		return fmt.Errorf("pglock: migrate: %w", err)
 	}
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
 	if err != nil {
+		_ = driver.Close()
 		return fmt.Errorf("pglock: migrate: %w", err)
 	}
-	defer m.Close()
+	defer m.Close() // closes the driver and db
 	stop := context.AfterFunc(ctx, func() { m.GracefulStop <- true })
 	defer stop()
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
@@ -89,8 +86,8 @@ func Migrate(ctx context.Context, databaseURL string) error {
 // createSchema creates the schema golang-migrate keeps its table in. Concurrent
 // CREATE SCHEMA IF NOT EXISTS can still collide on the catalog's unique index, so the
 // callers take turns on a transaction-scoped advisory lock.
-func createSchema(ctx context.Context, connString string) error {
-	conn, err := pgx.Connect(ctx, connString)
+func createSchema(ctx context.Context, cfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("pglock: migrate: connect: %w", err)
 	}
