@@ -9,13 +9,27 @@
 // between the two), less a tenth of ttl: timers and the scheduler are late by a few
 // milliseconds on a busy machine, and the holder must give up before the store expires
 // the lock, not just after. A running holder therefore learns it lost the lock before
-// any other holder can have the key. A refused renewal loses the lock at once; failed renewals are retried until the
-// deadline, which then loses it. A renewal never re-creates a lock.
+// any other holder can have the key. A refused renewal loses the lock at once; failed
+// renewals are retried until the deadline, which then loses it. A renewal never
+// re-creates a lock.
+//
+// # Scheduling
+//
+// Every added entry sits in one heap, keyed by when it next needs attention: its next
+// renewal while it is idle, its deadline while a renewal of it is in flight. One timer
+// targets the heap's minimum. When it fires, a round takes what is due (and what falls
+// due within a sixth of its ttl, so that locks taken at different times share calls),
+// marks it in flight, and re-arms the timer before it makes any store call. So a store
+// call that hangs (a silent network) delays nothing else: the next round starts on its
+// own timer, an entry added meanwhile is scheduled at once, and an entry whose own call
+// hangs is lost at its deadline, the call's late result ignored. Rounds may overlap.
+// Within a round, each ttl group (and each key held twice) has its own call, and the
+// calls run side by side; the round returns when all of them have.
 //
 // # Time
 //
 // The renewer knows time only through Now and AfterFunc. A clock that calls f
-// synchronously when it is moved (a test's manual clock) gets every round, store call
+// synchronously when it is moved (a test's manual clock) gets every round, store calls
 // included, done before the move returns.
 package renewer
 
@@ -47,6 +61,9 @@ const (
 	Expired
 )
 
+// warnEvery is how often, at most, a ttl's failing renewals are logged at Warn.
+const warnEvery = 10 * time.Second
+
 // Entry is one held lock. The caller owns the memory (it can embed an Entry) and sets
 // the exported fields before Add; the renewer owns the rest until Remove.
 type Entry struct {
@@ -59,11 +76,20 @@ type Entry struct {
 
 	next     time.Time // when to renew (or, after failures, retry)
 	deadline time.Time
-	index    int  // in the heap; -1 when not in it
-	inFlight bool // in a store call right now
-	removed  bool // removed while in flight: the call's result is ignored
+	index    int    // in the heap; -1 when not in it
+	inFlight bool   // in a store call right now
+	call     uint64 // which call: a result for an earlier one is ignored
+	removed  bool
 	lost     bool
 	reason   Reason // why, once lost
+}
+
+// at is the entry's heap key: when it next needs attention.
+func (e *Entry) at() time.Time {
+	if e.inFlight {
+		return e.deadline
+	}
+	return e.next
 }
 
 // Deadline returns when a lock that the store confirmed for ttl, in a call sent at
@@ -72,7 +98,7 @@ func Deadline(sentAt time.Time, ttl time.Duration) time.Time {
 	return sentAt.Add(ttl - ttl/10)
 }
 
-// Config is what a Renewer runs on.
+// Config is what a Renewer runs on. A nil Logger means slog.Default().
 type Config struct {
 	Store     Store
 	Now       func() time.Time
@@ -90,24 +116,35 @@ type Renewer struct {
 
 	mu        sync.Mutex
 	queue     queue
-	timerStop func() bool
+	timerStop func() bool // nil when no timer is armed
 	timerAt   time.Time
-	timerSet  bool
-	running   bool // a round is under way; it schedules the next when it ends
+	timerID   uint64 // which arming; a round from an earlier one leaves the current timer be
+	rounds    int    // armed timers and rounds under way
 	closed    bool
-	rounds    sync.WaitGroup
+	idle      chan struct{} // closed once closed and rounds is zero
+	idleDone  bool
+	// warned holds, per ttl whose last call failed, when its failure was last logged at
+	// Warn. Per ttl because that is the unit of batching: an outage fails every call of
+	// a ttl alike, so one line per ttl says all there is, however many locks or rounds;
+	// the first failure after a success warns at once, so that an outage is seen when it
+	// starts, and a success clears the entry.
+	warned map[time.Duration]time.Time
 }
 
 // New returns a Renewer. Close stops it.
 func New(cfg Config) *Renewer {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Renewer{cfg: cfg, ctx: ctx, cancel: cancel}
+	r := &Renewer{cfg: cfg, ctx: ctx, cancel: cancel, idle: make(chan struct{}),
+		warned: make(map[time.Duration]time.Time)}
 	r.batch, _ = cfg.Store.(BatchStore)
 	return r
 }
 
 // Add starts renewing e, whose lock the store confirmed for e.TTL from sentAt (when
-// the acquiring call was sent).
+// the acquiring call was sent). e must not be added again before Remove.
 func (r *Renewer) Add(e *Entry, sentAt time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -115,35 +152,31 @@ func (r *Renewer) Add(e *Entry, sentAt time.Time) {
 	e.next = sentAt.Add(e.TTL / 3)
 	e.inFlight, e.removed, e.lost, e.reason = false, false, false, 0
 	heap.Push(&r.queue, e)
-	r.schedule()
+	r.arm()
 }
 
 // Remove stops renewing e and reports whether it was still held. When it was lost
 // (its Lost has been or is being called), reason says why; when it was never added or
-// is already removed, reason is zero.
+// is already removed, reason is zero. The result of a renewal of e in flight is
+// ignored.
 func (r *Renewer) Remove(e *Entry) (held bool, reason Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
 	case e.lost:
 		return false, e.reason
-	case e.removed:
-		return false, 0
-	case e.index >= 0 && e.index < len(r.queue) && r.queue[e.index] == e:
-		heap.Remove(&r.queue, e.index)
-		r.schedule()
-	case e.inFlight:
-		e.removed = true
-	default:
+	case e.removed || e.index < 0 || e.index >= len(r.queue) || r.queue[e.index] != e:
 		return false, 0
 	}
-	e.removed = true
+	heap.Remove(&r.queue, e.index)
+	e.removed, e.inFlight = true, false
+	r.arm()
 	return true, 0
 }
 
 // Live reports whether e is added, not lost, and before its deadline on the clock. It
-// does not wait for the schedule: a round that runs late (a starved process, a store
-// call hanging while the server restarts) must not let a holder act past its deadline.
+// does not wait for the schedule: a round that runs late (a starved process) must not
+// let a holder act past its deadline.
 func (r *Renewer) Live(e *Entry) bool {
 	now := r.cfg.Now()
 	r.mu.Lock()
@@ -151,110 +184,167 @@ func (r *Renewer) Live(e *Entry) bool {
 	return !e.lost && !e.removed && now.Before(e.deadline)
 }
 
-// Close stops the schedule, cancels a round's store calls and waits for the round to
-// end. Entries still added are dropped without a call to Lost.
-func (r *Renewer) Close() {
+// Close stops the schedule, cancels the store calls in flight and waits for the rounds
+// under way to end, or for ctx to end: then it returns context.Cause(ctx), and the
+// rounds end on their own when their store calls return. Entries still added are
+// dropped without a call to Lost. When Close returns nil, nothing of the renewer runs.
+// Calling Close again waits again.
+func (r *Renewer) Close(ctx context.Context) error {
 	r.mu.Lock()
-	r.closed = true
-	r.stopTimer()
+	if !r.closed {
+		r.closed = true
+		r.stopTimer()
+		r.checkIdle()
+	}
 	r.mu.Unlock()
 	r.cancel()
-	r.rounds.Wait()
-}
-
-func (r *Renewer) stopTimer() {
-	if r.timerSet && r.timerStop() {
-		r.rounds.Done() // the round that timer would have run
+	select {
+	case <-r.idle:
+		return nil
+	default:
 	}
-	r.timerSet = false
+	select {
+	case <-r.idle:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
-// schedule sets the timer for the earliest entry. Called with mu held.
-func (r *Renewer) schedule() {
-	if r.running || r.closed {
+// stopTimer disarms the timer. Called with mu held.
+func (r *Renewer) stopTimer() {
+	if r.timerStop != nil && r.timerStop() {
+		r.roundDone() // the round that timer would have run
+	}
+	r.timerStop = nil
+}
+
+// roundDone counts a round (or an armed timer) out. Called with mu held.
+func (r *Renewer) roundDone() {
+	r.rounds--
+	r.checkIdle()
+}
+
+func (r *Renewer) checkIdle() {
+	if r.closed && r.rounds == 0 && !r.idleDone {
+		r.idleDone = true
+		close(r.idle)
+	}
+}
+
+// arm points the timer at the heap's minimum. Called with mu held.
+func (r *Renewer) arm() {
+	if r.closed {
 		return
 	}
 	if len(r.queue) == 0 {
 		r.stopTimer()
 		return
 	}
-	at := r.queue[0].next
-	if r.timerSet && !r.timerAt.After(at) {
-		return // an earlier round comes first and schedules again after itself
+	at := r.queue[0].at()
+	if r.timerStop != nil && !r.timerAt.After(at) {
+		return // it fires first, and its round arms again
 	}
 	r.stopTimer()
-	r.timerAt, r.timerSet = at, true
-	r.rounds.Add(1)
-	r.timerStop = r.cfg.AfterFunc(max(at.Sub(r.cfg.Now()), 0), r.round)
+	r.timerID++
+	id := r.timerID
+	r.timerAt = at
+	r.rounds++
+	r.timerStop = r.cfg.AfterFunc(max(at.Sub(r.cfg.Now()), 0), func() { r.round(id) })
 }
 
-// round renews every entry that is due, or due within a sixth of its ttl, so that
-// locks taken at different times fall into common batches.
-func (r *Renewer) round() {
-	defer r.rounds.Done()
+// flight is an entry in a store call, with what the round knew of it when it sent it.
+type flight struct {
+	e        *Entry
+	call     uint64
+	deadline time.Time
+}
+
+// round loses what has passed its deadline and renews every idle entry that is due, or
+// due within a sixth of its ttl.
+func (r *Renewer) round(id uint64) {
 	r.mu.Lock()
-	r.timerSet = false
+	defer func() {
+		r.mu.Lock()
+		r.roundDone()
+		r.mu.Unlock()
+	}()
+	if r.timerID == id {
+		r.timerStop = nil
+	}
 	if r.closed {
 		r.mu.Unlock()
 		return
 	}
-	r.running = true
 	now := r.cfg.Now()
-	var due, expired []*Entry
+	var due []flight
+	var expired []*Entry
 	for len(r.queue) > 0 {
 		e := r.queue[0]
-		if e.next.After(now.Add(e.TTL / 6)) {
+		if e.inFlight && now.Before(e.deadline) || !e.inFlight && e.next.After(now.Add(e.TTL/6)) {
 			break
 		}
 		heap.Pop(&r.queue)
 		if !now.Before(e.deadline) {
-			e.lost, e.reason = true, Expired
+			// In flight or not: whatever its call says later comes too late.
+			e.lost, e.reason, e.inFlight = true, Expired, false
 			expired = append(expired, e)
 			continue
 		}
 		e.inFlight = true
-		due = append(due, e)
+		e.call++
+		due = append(due, flight{e: e, call: e.call, deadline: e.deadline})
 	}
+	for _, f := range due {
+		heap.Push(&r.queue, f.e) // back in, keyed by its deadline
+	}
+	r.arm()
 	r.mu.Unlock()
 
 	for _, e := range expired {
 		e.Lost(Expired)
 	}
+	// One call per ttl; a key held twice (an old owner not yet found lost) goes alone.
+	var groups [][]flight
 	for len(due) > 0 {
-		// One call per ttl; a key held twice (an old owner not yet found lost) goes alone.
-		group, rest := split(due)
-		r.renew(group)
-		due = rest
+		var group []flight
+		group, due = split(due)
+		groups = append(groups, group)
 	}
-
-	r.mu.Lock()
-	r.running = false
-	r.schedule()
-	r.mu.Unlock()
+	if len(groups) == 1 {
+		r.renew(groups[0])
+		return
+	}
+	// Side by side: a call that hangs must not hold back another ttl's renewal.
+	var wg sync.WaitGroup
+	for _, group := range groups {
+		wg.Go(func() { r.renew(group) })
+	}
+	wg.Wait()
 }
 
 // split returns the first entry's ttl group with distinct keys, and the rest.
-func split(due []*Entry) (group, rest []*Entry) {
-	ttl := due[0].TTL
+func split(due []flight) (group, rest []flight) {
+	ttl := due[0].e.TTL
 	seen := make(map[string]bool, len(due))
-	for _, e := range due {
-		if e.TTL == ttl && !seen[e.Key] {
-			seen[e.Key] = true
-			group = append(group, e)
+	for _, f := range due {
+		if f.e.TTL == ttl && !seen[f.e.Key] {
+			seen[f.e.Key] = true
+			group = append(group, f)
 		} else {
-			rest = append(rest, e)
+			rest = append(rest, f)
 		}
 	}
 	return group, rest
 }
 
-func (r *Renewer) renew(group []*Entry) {
-	ttl := group[0].TTL
+func (r *Renewer) renew(group []flight) {
+	ttl := group[0].e.TTL
 	sentAt := r.cfg.Now()
 	earliest := group[0].deadline
-	for _, e := range group {
-		if e.deadline.Before(earliest) {
-			earliest = e.deadline
+	for _, f := range group {
+		if f.deadline.Before(earliest) {
+			earliest = f.deadline
 		}
 	}
 	// A call that outlives the earliest deadline is useless: by then that lock is lost.
@@ -263,8 +353,8 @@ func (r *Renewer) renew(group []*Entry) {
 	var err error
 	if r.batch != nil && len(group) > 1 {
 		keys, owners := make([]string, len(group)), make([]string, len(group))
-		for i, e := range group {
-			keys[i], owners[i] = e.Key, e.Owner
+		for i, f := range group {
+			keys[i], owners[i] = f.e.Key, f.e.Owner
 		}
 		var got []string
 		got, err = r.batch.RenewMany(ctx, keys, owners, ttl)
@@ -272,31 +362,42 @@ func (r *Renewer) renew(group []*Entry) {
 		for _, k := range got {
 			ok[k] = true
 		}
-		for i, e := range group {
-			renewed[i] = ok[e.Key]
+		for i, f := range group {
+			renewed[i] = ok[f.e.Key]
 		}
 	} else {
-		for i, e := range group {
+		for i, f := range group {
 			var ok bool
-			if ok, err = r.cfg.Store.Renew(ctx, e.Key, e.Owner, ttl); err != nil {
+			if ok, err = r.cfg.Store.Renew(ctx, f.e.Key, f.e.Owner, ttl); err != nil {
 				break
 			}
 			renewed[i] = ok
 		}
 	}
 	cancel()
-	if err != nil && r.ctx.Err() == nil {
-		r.cfg.Logger.Warn("pglock: renewal failed; retrying until the deadline",
-			slog.Int("locks", len(group)), slog.Duration("ttl", ttl), slog.Any("err", err))
-	}
 
 	now := r.cfg.Now()
 	var lost []*Entry
 	r.mu.Lock()
-	for i, e := range group {
+	if r.closed {
+		r.mu.Unlock()
+		return // dropped: Close cancelled the call, and nobody waits for its news
+	}
+	level := slog.LevelDebug
+	if err == nil {
+		delete(r.warned, ttl)
+	} else if last, failing := r.warned[ttl]; !failing || now.Sub(last) >= warnEvery {
+		r.warned[ttl] = now
+		level = slog.LevelWarn
+	}
+	for i, f := range group {
+		e := f.e
+		if !e.inFlight || e.call != f.call {
+			continue // lost at its deadline, or removed, while the call ran
+		}
+		heap.Remove(&r.queue, e.index)
 		e.inFlight = false
 		switch {
-		case e.removed:
 		case renewed[i]:
 			e.deadline = Deadline(sentAt, ttl)
 			e.next = sentAt.Add(ttl / 3)
@@ -313,7 +414,13 @@ func (r *Renewer) renew(group []*Entry) {
 			heap.Push(&r.queue, e)
 		}
 	}
+	r.arm()
 	r.mu.Unlock()
+
+	if err != nil {
+		r.cfg.Logger.LogAttrs(context.Background(), level, "pglock: renewal failed; retrying until the deadline",
+			slog.Duration("ttl", ttl), slog.Int("locks", len(group)), slog.Any("err", err))
+	}
 	for _, e := range lost {
 		e.Lost(e.reason)
 	}
@@ -326,11 +433,11 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// queue is a min-heap of entries by next.
+// queue is a min-heap of entries by when they next need attention.
 type queue []*Entry
 
 func (q queue) Len() int           { return len(q) }
-func (q queue) Less(i, j int) bool { return q[i].next.Before(q[j].next) }
+func (q queue) Less(i, j int) bool { return q[i].at().Before(q[j].at()) }
 func (q queue) Swap(i, j int) {
 	q[i], q[j] = q[j], q[i]
 	q[i].index, q[j].index = i, j

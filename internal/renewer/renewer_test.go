@@ -1,0 +1,677 @@
+package renewer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// patience bounds every wait for something that must happen.
+const patience = 5 * time.Second
+
+var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakeClock moves only when told to. Advance calls the callbacks due on the way in time
+// order, synchronously, without its lock held: a callback (a store call inside a round)
+// may move the clock, and another goroutine may Advance while a callback blocks.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	seq    uint64
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	at  time.Time
+	seq uint64
+	f   func()
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: t0} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Move moves the clock by d without calling anything, as time passing inside a call.
+func (c *fakeClock) Move(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	t := &fakeTimer{at: c.now.Add(max(d, 0)), seq: c.seq, f: f}
+	c.timers = append(c.timers, t)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for i, u := range c.timers {
+			if u == t {
+				c.timers = append(c.timers[:i], c.timers[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func (c *fakeClock) Advance(d time.Duration) { c.AdvanceTo(c.Now().Add(d)) }
+
+// AdvanceTo moves the clock to target (never back), calling what falls due on the way.
+func (c *fakeClock) AdvanceTo(target time.Time) {
+	for {
+		c.mu.Lock()
+		next := -1
+		for i, t := range c.timers {
+			if !t.at.After(target) && (next < 0 || t.at.Before(c.timers[next].at) ||
+				t.at.Equal(c.timers[next].at) && t.seq < c.timers[next].seq) {
+				next = i
+			}
+		}
+		if next < 0 {
+			if target.After(c.now) {
+				c.now = target
+			}
+			c.mu.Unlock()
+			return
+		}
+		t := c.timers[next]
+		c.timers = append(c.timers[:next], c.timers[next+1:]...)
+		if t.at.After(c.now) {
+			c.now = t.at
+		}
+		c.mu.Unlock()
+		t.f()
+	}
+}
+
+// fakeStore renews what fn says (everything when fn is nil) and reports each call's
+// keys on sent when it is not nil. It has no batch call; fakeBatchStore has.
+type fakeStore struct {
+	fn   func(ctx context.Context, keys []string) ([]string, error)
+	sent chan []string
+
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *fakeStore) do(ctx context.Context, keys []string) ([]string, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	if s.sent != nil {
+		s.sent <- keys
+	}
+	if s.fn == nil {
+		return keys, nil
+	}
+	return s.fn(ctx, keys)
+}
+
+func (s *fakeStore) Calls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+func (s *fakeStore) Renew(ctx context.Context, key, _ string, _ time.Duration) (bool, error) {
+	got, err := s.do(ctx, []string{key})
+	return len(got) == 1, err
+}
+
+type fakeBatchStore struct{ *fakeStore }
+
+func (s fakeBatchStore) RenewMany(ctx context.Context, keys, _ []string, _ time.Duration) ([]string, error) {
+	return s.do(ctx, keys)
+}
+
+// lostLog records the calls of an entry's Lost.
+type lostLog struct {
+	mu      sync.Mutex
+	reasons []Reason
+}
+
+func (l *lostLog) Reasons() []Reason {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Reason(nil), l.reasons...)
+}
+
+func newEntry(key string, ttl time.Duration) (*Entry, *lostLog) {
+	l := &lostLog{}
+	e := &Entry{Key: key, Owner: "owner-" + key, TTL: ttl, Lost: func(r Reason) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.reasons = append(l.reasons, r)
+	}}
+	return e, l
+}
+
+func newRenewer(t *testing.T, store Store, clock *fakeClock, logger *slog.Logger) *Renewer {
+	t.Helper()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := New(Config{Store: store, Now: clock.Now, AfterFunc: clock.AfterFunc, Logger: logger})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), patience)
+		defer cancel()
+		require.NoError(t, r.Close(ctx))
+	})
+	return r
+}
+
+func recv[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(patience):
+		require.FailNow(t, "nothing received in time")
+		var zero T
+		return zero
+	}
+}
+
+// goAdvance advances the clock on its own goroutine, where a round blocks in g's call,
+// and when the test ends opens g and waits for it.
+func goAdvance(t *testing.T, clock *fakeClock, d time.Duration, g *gate) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		clock.Advance(d)
+	}()
+	t.Cleanup(func() {
+		g.Open(true)
+		recv(t, done)
+	})
+	return done
+}
+
+// gate makes calls for one key block until it is opened (or, when honour is set, until
+// their ctx is done). Other keys are renewed at
+// once.
+type gate struct {
+	key     string
+	entered chan struct{}
+	open    chan struct{}
+	once    sync.Once
+	ok      bool
+	ctxErr  chan error // the blocked call's ctx.Err() when it was let go
+	honour  bool       // return as soon as ctx is done
+}
+
+func newGate(key string, honour bool) *gate {
+	return &gate{key: key, entered: make(chan struct{}, 16), open: make(chan struct{}),
+		ctxErr: make(chan error, 16), honour: honour}
+}
+
+// Open lets the blocked calls go: they renew g's key when ok, and refuse it otherwise.
+func (g *gate) Open(ok bool) {
+	g.once.Do(func() {
+		g.ok = ok
+		close(g.open)
+	})
+}
+
+func (g *gate) fn(ctx context.Context, keys []string) ([]string, error) {
+	for _, k := range keys {
+		if k != g.key {
+			continue
+		}
+		g.entered <- struct{}{}
+		var done <-chan struct{}
+		if g.honour {
+			done = ctx.Done()
+		}
+		select {
+		case <-g.open:
+		case <-done:
+		}
+		g.ctxErr <- ctx.Err()
+		if !g.ok {
+			var rest []string
+			for _, k := range keys {
+				if k != g.key {
+					rest = append(rest, k)
+				}
+			}
+			return rest, nil
+		}
+		return keys, nil
+	}
+	return keys, nil
+}
+
+func deadlineOf(r *Renewer, e *Entry) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return e.deadline
+}
+
+func TestDeadlineCountsFromSendTime(t *testing.T) {
+	t.Parallel()
+	const ttl, took = 30 * time.Second, 4 * time.Second
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Renew", true: "RenewMany"}[batch], func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			fs := &fakeStore{fn: func(_ context.Context, keys []string) ([]string, error) {
+				clock.Move(took) // the reply comes back later than the call was sent
+				return keys, nil
+			}}
+			var store Store = fs
+			if batch {
+				store = fakeBatchStore{fs}
+			}
+			r := newRenewer(t, store, clock, nil)
+			a, _ := newEntry("a", ttl)
+			b, _ := newEntry("b", ttl)
+			r.Add(a, t0)
+			r.Add(b, t0)
+
+			clock.Advance(ttl / 3)
+
+			sentAt := t0.Add(ttl / 3)
+			calls := map[bool]int{false: 2, true: 1}[batch] // two Renews, or one RenewMany
+			require.Equal(t, calls, fs.Calls())
+			require.Equal(t, sentAt.Add(time.Duration(calls)*took), clock.Now())
+			require.Equal(t, Deadline(sentAt, ttl), deadlineOf(r, a))
+			require.Equal(t, Deadline(sentAt, ttl), deadlineOf(r, b))
+		})
+	}
+}
+
+func TestGroupsOfOneRoundRenewSideBySide(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	g := newGate("a", true)
+	fs := &fakeStore{fn: g.fn, sent: make(chan []string, 16)}
+	r := newRenewer(t, fakeBatchStore{fs}, clock, nil)
+	a, _ := newEntry("a", 30*time.Second) // due at 10s
+	b, _ := newEntry("b", 60*time.Second) // due at 20s, within a sixth of its ttl of 10s
+	r.Add(a, t0)
+	r.Add(b, t0)
+
+	goAdvance(t, clock, 10*time.Second, g)
+	recv(t, g.entered)
+
+	// a's call hangs; b's, in the same round, is sent anyway.
+	got := map[string]bool{}
+	for len(got) < 2 {
+		for _, k := range recv(t, fs.sent) {
+			got[k] = true
+		}
+	}
+	require.Equal(t, map[string]bool{"a": true, "b": true}, got)
+}
+
+func TestInFlightEntryLostAtItsDeadline(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+	clock := newFakeClock()
+	g := newGate("a", false)
+	fs := &fakeStore{fn: g.fn}
+	r := newRenewer(t, fs, clock, nil)
+	a, lost := newEntry("a", ttl)
+	r.Add(a, t0)
+
+	advanced := goAdvance(t, clock, ttl/3, g)
+	recv(t, g.entered)
+
+	deadline := Deadline(t0, ttl)
+	clock.AdvanceTo(deadline.Add(-time.Nanosecond))
+	require.Empty(t, lost.Reasons())
+	require.True(t, r.Live(a))
+
+	clock.AdvanceTo(deadline) // the call still hangs
+	require.Equal(t, []Reason{Expired}, lost.Reasons())
+	require.False(t, r.Live(a))
+
+	g.Open(true) // a late success does not revive it
+	recv(t, advanced)
+	clock.Advance(2 * ttl)
+	require.Equal(t, []Reason{Expired}, lost.Reasons())
+	require.False(t, r.Live(a))
+	require.Equal(t, 1, fs.Calls())
+	held, reason := r.Remove(a)
+	require.False(t, held)
+	require.Equal(t, Expired, reason)
+}
+
+func TestEntryAddedDuringHangingRoundIsRenewed(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+	clock := newFakeClock()
+	g := newGate("a", true)
+	fs := &fakeStore{fn: g.fn, sent: make(chan []string, 16)}
+	r := newRenewer(t, fs, clock, nil)
+	a, _ := newEntry("a", ttl)
+	r.Add(a, t0)
+
+	goAdvance(t, clock, ttl/3, g)
+	recv(t, g.entered)
+	require.Equal(t, []string{"a"}, recv(t, fs.sent))
+
+	b, lostB := newEntry("b", ttl)
+	r.Add(b, clock.Now())
+	clock.Advance(ttl / 3) // b is due; a's call still hangs
+
+	select {
+	case keys := <-fs.sent:
+		require.Equal(t, []string{"b"}, keys)
+	default:
+		require.FailNow(t, "b was not renewed while a's call hung")
+	}
+	require.Empty(t, lostB.Reasons())
+	require.Equal(t, Deadline(t0.Add(2*ttl/3), ttl), deadlineOf(r, b))
+}
+
+func TestRefusedAndRemove(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+
+	t.Run("RefusedLosesAtOnce", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		fs := &fakeStore{fn: func(context.Context, []string) ([]string, error) { return nil, nil }}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", ttl)
+		r.Add(a, t0)
+
+		clock.Advance(ttl / 3)
+		require.Equal(t, []Reason{Refused}, lost.Reasons())
+		require.False(t, r.Live(a))
+
+		clock.Advance(2 * ttl)
+		require.Equal(t, []Reason{Refused}, lost.Reasons())
+		require.Equal(t, 1, fs.Calls())
+		held, reason := r.Remove(a)
+		require.False(t, held)
+		require.Equal(t, Refused, reason)
+	})
+
+	t.Run("RemoveOfHeldReportsHeld", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		fs := &fakeStore{}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", ttl)
+		never, _ := newEntry("never", ttl)
+		r.Add(a, t0)
+		clock.Advance(ttl / 3)
+		require.Equal(t, 1, fs.Calls())
+
+		held, reason := r.Remove(a)
+		require.True(t, held)
+		require.Zero(t, reason)
+		require.False(t, r.Live(a))
+		held, reason = r.Remove(a)
+		require.False(t, held)
+		require.Zero(t, reason)
+		held, reason = r.Remove(never)
+		require.False(t, held)
+		require.Zero(t, reason)
+
+		clock.Advance(2 * ttl)
+		require.Equal(t, 1, fs.Calls())
+		require.Empty(t, lost.Reasons())
+	})
+
+	for _, late := range []struct {
+		name string
+		ok   bool
+	}{{"IgnoresLateRefusal", false}, {"IgnoresLateSuccess", true}} {
+		t.Run("RemoveInFlight"+late.name, func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			g := newGate("a", false)
+			fs := &fakeStore{fn: g.fn}
+			r := newRenewer(t, fs, clock, nil)
+			a, lost := newEntry("a", ttl)
+			r.Add(a, t0)
+
+			advanced := goAdvance(t, clock, ttl/3, g)
+			recv(t, g.entered)
+			held, reason := r.Remove(a)
+			require.True(t, held)
+			require.Zero(t, reason)
+
+			g.Open(late.ok)
+			recv(t, advanced)
+			clock.Advance(2 * ttl)
+			require.Empty(t, lost.Reasons())
+			require.False(t, r.Live(a))
+			require.Equal(t, 1, fs.Calls())
+			held, reason = r.Remove(a)
+			require.False(t, held)
+			require.Zero(t, reason)
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the renewer's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func TestFailureWarningIsRateLimited(t *testing.T) {
+	t.Parallel()
+	const (
+		warn  = `level=WARN msg="pglock: renewal failed; retrying until the deadline" ttl=%s locks=1 err="connection reset"`
+		debug = `level=DEBUG msg="pglock: renewal failed; retrying until the deadline" ttl=%s locks=1 err="connection reset"`
+	)
+	for _, tc := range []struct {
+		name   string
+		ttl    time.Duration
+		ok     map[int]bool // calls (from 1) that succeed
+		levels []string     // one per failed call
+		lostAt time.Duration
+	}{{
+		// ttl 15s: calls at 5s (fails), 6.5s (succeeds), then every 1.5s from 11.5s
+		// (all fail) until the deadline at 6.5s+13.5s.
+		name:   "WarnsAtFirstFailureAfterSuccess",
+		ttl:    15 * time.Second,
+		ok:     map[int]bool{2: true},
+		levels: []string{warn, warn, debug, debug, debug, debug, debug},
+		lostAt: 20 * time.Second,
+	}, {
+		// ttl 60s: calls at 20s, then every 6s until the deadline at 54s.
+		name:   "WarnsAgainAfterTenSeconds",
+		ttl:    60 * time.Second,
+		levels: []string{warn, debug, warn, debug, warn, debug},
+		lostAt: 54 * time.Second,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var out syncBuffer
+			logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{
+				Level: slog.LevelDebug,
+				ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+					if len(groups) == 0 && a.Key == slog.TimeKey {
+						return slog.Attr{}
+					}
+					return a
+				},
+			}))
+			clock := newFakeClock()
+			call := 0
+			fs := &fakeStore{fn: func(_ context.Context, keys []string) ([]string, error) {
+				call++ // rounds run one after another on the test's goroutine
+				if tc.ok[call] {
+					return keys, nil
+				}
+				return nil, errors.New("connection reset")
+			}}
+			r := newRenewer(t, fs, clock, logger)
+			a, lost := newEntry("a", tc.ttl)
+			r.Add(a, t0)
+
+			clock.AdvanceTo(t0.Add(tc.lostAt - time.Nanosecond))
+			require.Empty(t, lost.Reasons())
+			clock.AdvanceTo(t0.Add(tc.lostAt))
+			require.Equal(t, []Reason{Expired}, lost.Reasons())
+
+			var want []string
+			for _, l := range tc.levels {
+				want = append(want, fmt.Sprintf(l, tc.ttl))
+			}
+			require.Equal(t, want, strings.Split(strings.TrimSpace(out.String()), "\n"))
+		})
+	}
+}
+
+func TestCloseIsBoundedByCtx(t *testing.T) {
+	t.Parallel()
+	clock := newFakeClock()
+	g := newGate("a", false) // ignores ctx
+	fs := &fakeStore{fn: g.fn}
+	r := newRenewer(t, fs, clock, nil)
+	a, lost := newEntry("a", 30*time.Second)
+	r.Add(a, t0)
+	advanced := goAdvance(t, clock, 10*time.Second, g)
+	recv(t, g.entered)
+
+	cause := errors.New("shutdown took too long")
+	ctx, cancel := context.WithCancelCause(t.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- r.Close(ctx) }()
+	cancel(cause)
+	require.ErrorIs(t, recv(t, errc), cause)
+
+	go func() { errc <- r.Close(t.Context()) }()
+	g.Open(true)
+	require.ErrorIs(t, recv(t, g.ctxErr), context.Canceled) // Close cancelled the call
+	require.NoError(t, recv(t, errc))
+	recv(t, advanced)
+	require.Empty(t, lost.Reasons())
+}
+
+// TestConcurrentAddRemove adds, checks and removes entries of several ttls from many
+// goroutines, which also move the clock: one of them, or all (then rounds overlap, and
+// one can be slow enough under -race for another goroutine to run the clock past a
+// deadline). Whatever the timing, Remove and Lost must agree: an entry is either
+// removed while held and never lost, or lost once with the reason Remove reports. With
+// one goroutine moving the clock, entries held throughout (anchors) must stay held.
+func TestConcurrentAddRemove(t *testing.T) {
+	t.Parallel()
+	const workers, perWorker, step = 8, 200, 5 * time.Millisecond
+	for _, tc := range []struct {
+		batch     bool
+		advancers int
+	}{{false, 1}, {true, 1}, {false, workers}, {true, workers}} {
+		name := fmt.Sprintf("%sWith%dAdvancing", map[bool]string{false: "Renew", true: "RenewMany"}[tc.batch], tc.advancers)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			clock := newFakeClock()
+			fs := &fakeStore{}
+			var store Store = fs
+			if tc.batch {
+				store = fakeBatchStore{fs}
+			}
+			r := newRenewer(t, store, clock, nil)
+			// Short enough for a step or two of the clock to renew something.
+			ttls := []time.Duration{30 * time.Millisecond, 50 * time.Millisecond, 70 * time.Millisecond}
+
+			type result struct {
+				e      *Entry
+				lost   *lostLog
+				held   bool
+				reason Reason
+			}
+			var anchors []result
+			for _, ttl := range ttls {
+				e, lost := newEntry(fmt.Sprint("anchor-", ttl), ttl)
+				r.Add(e, clock.Now())
+				anchors = append(anchors, result{e: e, lost: lost})
+			}
+
+			results := make([][]result, workers)
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Go(func() {
+					var added []result
+					remove := func() {
+						res := added[0]
+						added = added[1:]
+						res.held, res.reason = r.Remove(res.e)
+						results[w] = append(results[w], res)
+					}
+					for i := range perWorker {
+						e, lost := newEntry(fmt.Sprintf("w%d-%d", w, i), ttls[(w+i)%len(ttls)])
+						r.Add(e, clock.Now())
+						added = append(added, result{e: e, lost: lost})
+						if w < tc.advancers {
+							clock.Advance(step)
+						}
+						r.Live(added[0].e) // read while rounds renew it
+						if i%3 == 0 {
+							remove()
+						}
+					}
+					for len(added) > 0 {
+						remove()
+					}
+				})
+			}
+			wg.Wait()
+			for i, res := range anchors {
+				anchors[i].held, anchors[i].reason = r.Remove(res.e)
+			}
+			require.NoError(t, r.Close(t.Context())) // every Lost has been called
+
+			held := 0
+			for _, res := range append(slices.Concat(results...), anchors...) {
+				if res.held {
+					held++
+					require.Zero(t, res.reason, res.e.Key)
+					require.Empty(t, res.lost.Reasons(), res.e.Key)
+				} else {
+					require.NotZero(t, res.reason, res.e.Key)
+					require.Equal(t, []Reason{res.reason}, res.lost.Reasons(), res.e.Key)
+				}
+			}
+			if tc.advancers == 1 {
+				for _, res := range anchors {
+					require.True(t, res.held, res.e.Key)
+				}
+				require.GreaterOrEqual(t, fs.Calls(), 100) // the anchors, renewed every step or two
+			}
+			t.Logf("%d of %d removed while held; %d store calls", held, workers*perWorker+len(anchors), fs.Calls())
+		})
+	}
+}
