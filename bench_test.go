@@ -487,3 +487,89 @@ func TestLosingAcquireWritesNoWAL(t *testing.T) {
 	require.Equal(t, versionBefore, rowVersion(), "the held row was locked or rewritten")
 	require.NoError(t, held.Release(ctx))
 }
+
+// BenchmarkPrune times Client.Prune deleting 10,000 locks released an hour ago, among
+// 1,000 live ones it passes over, and reports rows/s. Each op is one Prune call, ten
+// batches; the dead rows are inserted again, untimed, before each.
+func BenchmarkPrune(b *testing.B) {
+	ctx := b.Context()
+	pool := pglocktest.Postgres(b)
+	c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	seedLocks(b, pool, 1000)
+	const dead = 10_000
+	var rows int64
+	for b.Loop() {
+		b.StopTimer()
+		_, err := pool.Exec(ctx, `INSERT INTO pglock.locks (key, owner, fencing_token, expires_at)
+			SELECT 'dead:' || g, NULL, nextval('pglock.fencing_token_seq'), clock_timestamp() - interval '1 hour'
+			FROM generate_series(1, $1::int) g`, dead)
+		require.NoError(b, err)
+		b.StartTimer()
+		n, err := c.Prune(ctx, time.Minute)
+		require.NoError(b, err)
+		require.EqualValues(b, dead, n)
+		rows += n
+	}
+	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+}
+
+// BenchmarkAcquireReleaseWhilePruning times TryAcquire + Release of one key, among
+// 1,000 held locks, without (pruner=off) and with (pruner=on) a goroutine calling
+// Prune(ctx, 0) back to back: the worst a pruner can do, since it deletes the key's row
+// after most releases, so that the next acquisition inserts it again, or meets it
+// locked by the prune and loses (lost/op; the op retries). The ratio of the two ns/op
+// is the pruner's cost; prunes/s says how hard it pushed.
+func BenchmarkAcquireReleaseWhilePruning(b *testing.B) {
+	for _, pruner := range []string{"off", "on"} {
+		b.Run("pruner="+pruner, func(b *testing.B) {
+			ctx := b.Context()
+			pool := pglocktest.Postgres(b)
+			c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+			seedLocks(b, pool, 1000)
+			var lost int
+			acquireRelease := func() error {
+				for {
+					l, err := c.TryAcquire(ctx, "bench:pruned")
+					if errors.Is(err, pglock.ErrNotAcquired) {
+						lost++
+						continue
+					}
+					if err != nil {
+						return err
+					}
+					return l.Release(ctx)
+				}
+			}
+			for range 10 { // warm up the pool's connection and its prepared statements
+				require.NoError(b, acquireRelease())
+			}
+			var prunes atomic.Int64
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			if pruner == "on" {
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if _, err := c.Prune(ctx, 0); err != nil {
+							b.Error(err)
+							return
+						}
+						prunes.Add(1)
+					}
+				})
+			}
+			lost = 0
+			for b.Loop() {
+				require.NoError(b, acquireRelease())
+			}
+			close(stop)
+			wg.Wait()
+			b.ReportMetric(float64(lost)/float64(b.N), "lost/op")
+			b.ReportMetric(float64(prunes.Load())/b.Elapsed().Seconds(), "prunes/s")
+		})
+	}
+}

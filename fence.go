@@ -91,15 +91,18 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // The guarantee, on the database clock: a write whose statement runs after the lock
 // was taken over, released or expired updates nothing (0 rows), because lock_held is
 // false for it; a write that commits before the takeover is the old holder's
-// legitimate write. lock_held takes a FOR SHARE lock on the lock's row, held until the
-// write's transaction ends, so while that transaction is open no takeover can happen:
-// an acquisition that meets the locked row fails at once (Acquire retries), and a
-// release or the holder's own renewal waits for it to commit or roll back. No new
-// token exists before the write is settled. Under READ COMMITTED lock_held reads
-// the latest committed row; under REPEATABLE READ or SERIALIZABLE a takeover committed
-// after the transaction's snapshot makes the write fail with a serialization error
-// (SQLSTATE 40001) instead of writing. Keep fenced transactions short, since they hold
-// up renewals of the very lock they check.
+// legitimate write. lock_held row-locks the lock's row until the write's transaction
+// ends, so while that transaction is open no takeover can happen: an acquisition that
+// meets the locked row fails at once (Acquire retries), even after the lease expired.
+// No new token exists before the write is settled.
+//
+// Under READ COMMITTED the row lock is FOR KEY SHARE: the holder's renewals (and its
+// release) go on while the transaction is open, so a slow transaction costs no lock
+// its lease, and lock_held reads the latest committed row at each statement. Under
+// REPEATABLE READ or SERIALIZABLE it is FOR SHARE, because the transaction's snapshot
+// could not see a takeover otherwise: a takeover committed after the snapshot makes
+// the write fail with a serialization error (SQLSTATE 40001) instead of writing, and
+// the lock's renewals wait for the transaction, so keep such transactions short.
 //
 // The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
 // rewritten safely (see ErrUnsafeQuery). An error wrapping ErrInvalidKey reports an

@@ -18,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/pgserver"
 )
 
 // fenceCol is the fence column of the scratch schema's products table, quoted.
@@ -430,8 +432,8 @@ func (f fenceFailExecer) Exec(context.Context, string, ...any) (pgconn.CommandTa
 }
 
 // fenceTestDB returns a pool on a new database with a random name, which the test's
-// cleanup drops, holding the pglock migrations and the scratch schema the cases write
-// to. Without a server it skips the test, or fails it when CI is set.
+// cleanup drops, holding the pglock schema (Migrate) and the scratch tables the cases
+// write to. (pglocktest.Postgres imports this package, so its tests cannot use it.) Without a server it skips the test, or fails it when CI is set.
 func fenceTestDB(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -470,12 +472,8 @@ func fenceTestDB(t *testing.T) *pgxpool.Pool {
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close) // before the drop: cleanups run last-in first-out
-	for _, file := range []string{"000001_locks.up.sql", "000002_lock_held.up.sql"} {
-		sql, err := os.ReadFile(filepath.Join("migrations", file))
-		require.NoError(t, err)
-		_, err = pool.Exec(ctx, string(sql))
-		require.NoError(t, err, file)
-	}
+	// Every migration, as users run them: lock_held meets the shipped lock_acquire.
+	require.NoError(t, Migrate(ctx, pgserver.URLOf(&cfg.ConnConfig.Config)))
 	_, err = pool.Exec(ctx, `
 		CREATE TABLE products (
 			id bigint PRIMARY KEY, in_stock int, name text, note text, flag boolean,
@@ -604,9 +602,16 @@ func TestLockHeld(t *testing.T) {
 
 func fenceBool(b bool) *bool { return &b }
 
-// TestLockHeldShareLockBlocksTakeover: the writer's FOR SHARE makes a takeover wait
-// for the writer's transaction.
-func TestLockHeldShareLockBlocksTakeover(t *testing.T) {
+// takeOver is a takeover as lock_acquire makes one: row-lock the lock row FOR UPDATE,
+// then give it another owner and a greater token. (An UPDATE that locks no row first
+// would not wait for a fenced write under READ COMMITTED: see 000005's lock_held.)
+const takeOver = `SELECT 1 FROM pglock.locks WHERE key = 'k' FOR UPDATE;
+	UPDATE pglock.locks SET owner = 'b', fencing_token = fencing_token + 1 WHERE key = 'k'`
+
+// TestLockHeldRowLockBlocksTakeover: the writer's row lock makes a takeover wait for the
+// writer's transaction, but not a renewal: renewals of a lock under a fenced write must
+// go on (issue path 2).
+func TestLockHeldRowLockBlocksTakeover(t *testing.T) {
 	t.Parallel()
 	pool := fenceTestDB(t)
 	ctx := context.Background()
@@ -620,25 +625,28 @@ func TestLockHeldShareLockBlocksTakeover(t *testing.T) {
 	require.NoError(t, writer.QueryRow(ctx, "SELECT pglock.lock_held('k', $1)", token).Scan(&held))
 	require.True(t, held)
 
-	takeover := func() error {
+	// within runs query in a transaction that gives up after 200 ms of waiting for a lock.
+	within := func(query string) error {
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
 		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, "UPDATE pglock.locks SET owner = 'b', fencing_token = fencing_token + 1 WHERE key = 'k'"); err != nil {
+		if _, err := tx.Exec(ctx, query); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)
 	}
-	err = takeover()
+	require.NoError(t, within("SELECT pglock.lock_renew('k', 'a', 60000)"), "the renewal waited for the writer")
+	require.NoError(t, within("SELECT pglock.lock_renew_many('{k}', '{a}', 60000)"), "the batched renewal waited for the writer")
+	err = within(takeOver)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "55P03", pgErr.Code, "lock_not_available: the takeover waited for the writer")
 
 	require.NoError(t, writer.Commit(ctx))
-	require.NoError(t, takeover(), "the takeover goes through once the writer committed")
+	require.NoError(t, within(takeOver), "the takeover goes through once the writer committed")
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_held('k', $1)", token).Scan(&held))
 	require.False(t, held)
 }
@@ -658,7 +666,7 @@ func TestLockHeldWaitsForTakeoverInFlight(t *testing.T) {
 	takeover, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = takeover.Rollback(ctx) }()
-	_, err = takeover.Exec(ctx, "UPDATE pglock.locks SET owner = 'b', fencing_token = fencing_token + 1 WHERE key = 'k'")
+	_, err = takeover.Exec(ctx, takeOver)
 	require.NoError(t, err)
 
 	q, args, err := FenceHeld("UPDATE products SET in_stock = $1 WHERE id = $2", "k", token, 99, 1)
@@ -693,6 +701,49 @@ func TestLockHeldWaitsForTakeoverInFlight(t *testing.T) {
 	var inStock int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT in_stock FROM products WHERE id = 1").Scan(&inStock))
 	require.Zero(t, inStock)
+}
+
+// TestLockHeldDuringAReleaseInFlightKeepsTheKeyUntilTheWriteEnds: a fenced write that
+// meets the holder's own release in flight (Close while a fenced transaction runs)
+// still writes, as the holder it was; its row lock passes to the released row version,
+// so that nobody takes the key, nor prunes it, before the write's transaction ends.
+func TestLockHeldDuringAReleaseInFlightKeepsTheKeyUntilTheWriteEnds(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	ctx := context.Background()
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 60000)").Scan(&token))
+	_, err := pool.Exec(ctx, "INSERT INTO products (id, in_stock) VALUES (1, 0)")
+	require.NoError(t, err)
+
+	release, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = release.Rollback(ctx) }()
+	var released bool
+	require.NoError(t, release.QueryRow(ctx, "SELECT pglock.lock_release('k', 'a')").Scan(&released))
+	require.True(t, released)
+
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = writer.Rollback(ctx) }()
+	q, args, err := FenceHeld("UPDATE products SET in_stock = $1 WHERE id = $2", "k", token, 10, 1)
+	require.NoError(t, err)
+	tag, err := writer.Exec(ctx, q, args...)
+	require.NoError(t, err, "the write did not wait for the release")
+	require.EqualValues(t, 1, tag.RowsAffected())
+	require.NoError(t, release.Commit(ctx))
+
+	var taken *int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'b', 60000)").Scan(&taken))
+	require.Nil(t, taken, "the key was taken while the write's transaction was open")
+	var pruned int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_prune(0, 10)").Scan(&pruned))
+	require.Zero(t, pruned)
+
+	require.NoError(t, writer.Commit(ctx))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'b', 60000)").Scan(&taken))
+	require.NotNil(t, taken)
+	require.Greater(t, *taken, token)
 }
 
 func TestFenceHeldWrites(t *testing.T) {

@@ -8,7 +8,8 @@ import (
 
 // NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
 // clock (nil means the real clock). It excludes callers in one process only: instances
-// of an application must share a PostgreSQL store instead. It implements HolderReader.
+// of an application must share a PostgreSQL store instead. It implements HolderReader,
+// and Client.Prune works on it.
 // It is safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
@@ -20,14 +21,14 @@ func NewMemoryStore(clock Clock) Store {
 type memoryStore struct {
 	clock Clock
 	mu    sync.Mutex
-	seq   int64
-	locks map[string]*memoryLock // kept after release, like the table's rows
+	seq   int64                  // the last token drawn; never below a pruned lock's token
+	locks map[string]*memoryLock // kept after release, like the table's rows, until pruned
 }
 
 type memoryLock struct {
 	owner   string // "" once released
 	token   int64
-	expires time.Time
+	expires time.Time // the end of the lease: its expiry, or its release
 }
 
 // live returns key's lock if owner (any owner when "") holds it and it has not expired.
@@ -82,8 +83,28 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 	if l == nil {
 		return false, nil
 	}
-	l.owner = ""
+	l.owner, l.expires = "", s.clock.Now()
 	return true, nil
+}
+
+// prune deletes up to limit locks released or expired more than olderThan ago, as
+// pglock.lock_prune does, raising seq to every token it deletes.
+func (s *memoryStore) prune(_ context.Context, olderThan time.Duration, limit int) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clock.Now()
+	var deleted int64
+	for key, l := range s.locks {
+		if deleted == int64(limit) {
+			break
+		}
+		if (l.owner == "" || !l.expires.After(now)) && l.expires.Before(now.Add(-olderThan)) {
+			s.seq = max(s.seq, l.token)
+			delete(s.locks, key)
+			deleted++
+		}
+	}
+	return deleted, nil
 }
 
 func (s *memoryStore) Holder(_ context.Context, key string) (Holder, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 
@@ -18,9 +19,14 @@ type Queryer interface {
 }
 
 // NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
-// It implements BatchRenewer and HolderReader. Every call is one statement calling one
-// of the schema's functions, so it works behind PgBouncer in transaction mode.
+// It implements BatchRenewer and HolderReader, and Client.Prune works on it. Every
+// call is one statement calling one of the schema's functions, so it works behind
+// PgBouncer in transaction mode. With a nil db, every call fails with an error
+// wrapping ErrInvalidArgument, and NewWithStore refuses the store.
 func NewPostgresStore(db Queryer) Store {
+	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
+		return invalidStore(invalidArg("NewPostgresStore: nil db"))
+	}
 	return &postgresStore{
 		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRow(ctx, q, args...) },
 		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
@@ -36,8 +42,12 @@ func NewPostgresStore(db Queryer) Store {
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
 // users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer
-// and HolderReader.
+// and HolderReader, and Client.Prune works on it. With a nil db, every call fails
+// with an error wrapping ErrInvalidArgument, and NewWithStore refuses the store.
 func NewSQLStore(db *sql.DB) Store {
+	if db == nil {
+		return invalidStore(invalidArg("NewSQLStore: nil db"))
+	}
 	return &postgresStore{
 		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRowContext(ctx, q, args...) },
 		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
@@ -68,14 +78,29 @@ type postgresStore struct {
 	queryRow  func(ctx context.Context, q string, args ...any) scanner
 	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
 	array     func([]string) any
+	invalid   error // the constructor's argument was unusable: every call fails with it
 }
+
+// invalidStore is the store a constructor returns for an unusable argument.
+func invalidStore(err error) *postgresStore {
+	return &postgresStore{
+		queryRow:  func(context.Context, string, ...any) scanner { return errScanner{err} },
+		queryKeys: func(context.Context, string, ...any) ([]string, error) { return nil, err },
+		array:     func(s []string) any { return s },
+		invalid:   err,
+	}
+}
+
+type errScanner struct{ err error }
+
+func (e errScanner) Scan(...any) error { return e.err }
 
 func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
 	if err := checkCall(key, owner, ttl); err != nil {
 		return 0, false, err
 	}
 	var token sql.NullInt64
-	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttl.Milliseconds()).Scan(&token); err != nil {
+	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
 		return 0, false, fmt.Errorf("pglock: acquire %q: %w", key, err)
 	}
 	return token.Int64, token.Valid, nil
@@ -86,7 +111,7 @@ func (s *postgresStore) Renew(ctx context.Context, key, owner string, ttl time.D
 		return false, err
 	}
 	var ok bool
-	if err := s.queryRow(ctx, `SELECT pglock.lock_renew($1, $2, $3)`, key, owner, ttl.Milliseconds()).Scan(&ok); err != nil {
+	if err := s.queryRow(ctx, `SELECT pglock.lock_renew($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&ok); err != nil {
 		return false, fmt.Errorf("pglock: renew %q: %w", key, err)
 	}
 	return ok, nil
@@ -113,7 +138,7 @@ func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, tt
 		}
 	}
 	renewed, err := s.queryKeys(ctx, `SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)`,
-		s.array(keys), s.array(owners), ttl.Milliseconds())
+		s.array(keys), s.array(owners), ttlMillis(ttl))
 	if err != nil {
 		return nil, fmt.Errorf("pglock: renew %d locks: %w", len(keys), err)
 	}
@@ -143,6 +168,28 @@ func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error
 		return false, fmt.Errorf("pglock: mark %q wanted: %w", key, err)
 	}
 	return wanted, nil
+}
+
+// prune deletes up to limit rows released or expired more than olderThan ago (see
+// Client.Prune and pglock.lock_prune).
+func (s *postgresStore) prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
+	var deleted int64
+	if err := s.queryRow(ctx, `SELECT pglock.lock_prune($1, $2)`, ttlMillis(olderThan), limit).Scan(&deleted); err != nil {
+		return 0, fmt.Errorf("pglock: prune: %w", err)
+	}
+	return deleted, nil
+}
+
+// ttlMillis returns d in whole milliseconds, the SQL functions' unit, rounded up: a lock
+// must live on the database at least as long as its holder counts (1.5 ms truncated to
+// 1 would expire before the holder's deadline of 1.35 ms), and a prune's age must not
+// shrink. d is not negative.
+func ttlMillis(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }
 
 // arrayLiteral writes s as a PostgreSQL text[] literal, every element quoted.
