@@ -95,6 +95,34 @@ func TestBadOptionsNameTheOption(t *testing.T) {
 	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 }
 
+// A store on nil fails at construction of its client, and every call says why.
+func TestStoreOnNilFailsWithAClearError(t *testing.T) {
+	t.Parallel()
+	var nilPool *pgxpool.Pool
+	for name, store := range map[string]pglock.Store{
+		"NilQueryer":   pglock.NewPostgresStore(nil),
+		"TypedNilPool": pglock.NewPostgresStore(nilPool),
+		"NilSQLDB":     pglock.NewSQLStore(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := pglock.NewWithStore(store)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			require.ErrorContains(t, err, "nil db")
+			require.Nil(t, c)
+			_, _, err = store.Acquire(t.Context(), "k", "o", time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.Renew(t.Context(), "k", "o", time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.Release(t.Context(), "k", "o")
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.(pglock.BatchRenewer).RenewMany(t.Context(), []string{"k"}, []string{"o"}, time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			_, err = store.(pglock.HolderReader).Holder(t.Context(), "k")
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+		})
+	}
+}
+
 // zeroTokenStore is a broken store: it hands out token 0.
 type zeroTokenStore struct {
 	pglock.Store
@@ -118,10 +146,12 @@ func TestStoreAnsweringNonPositiveTokenIsRefused(t *testing.T) {
 	c := newClient(t, broken)
 	_, err := c.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrInvalidToken)
-	require.EqualValues(t, 1, broken.released.Load(), "the lock it took is handed back")
-	var owners int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(owner) FROM pglock.locks").Scan(&owners))
-	require.Zero(t, owners)
+	require.Eventually(t, func() bool { // handed back in the background
+		var owners int
+		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(owner) FROM pglock.locks").Scan(&owners))
+		return owners == 0
+	}, 5*time.Second, 5*time.Millisecond, "the lock it took is handed back")
+	require.EqualValues(t, 1, broken.released.Load())
 }
 
 func TestStoreRejectsBadCalls(t *testing.T) {

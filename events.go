@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -96,11 +97,18 @@ func (e *events) deliver(ev Event) {
 	e.handler(ev)
 }
 
-// close delivers what is queued and stops.
-func (e *events) close() {
+// close delivers what is queued and stops, waiting for the handler until ctx ends
+// (then returning ctx's cause; the queue is still delivered, and the goroutine ends
+// after it).
+func (e *events) close(ctx context.Context) error {
 	e.mu.Lock()
 	e.closed = true
 	e.cond.Signal()
 	e.mu.Unlock()
-	<-e.done
+	select {
+	case <-e.done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }

@@ -173,6 +173,11 @@ func (j *Job) Run(ctx context.Context) error {
 		defer stop()
 	}
 	if !j.runLock {
+		ctx, s, err := j.c.enter(ctx)
+		if err != nil {
+			return err
+		}
+		defer j.c.leave(s)
 		l, _ := FromContext(ctx)
 		return j.run(ctx, l)
 	}

@@ -161,18 +161,24 @@ func (e *Election) run() {
 	defer e.c.unregister(e.key)
 	w := e.c.listener.waiter(e.key)
 	defer w.stop()
+	free := 0 // how many times in a row the key looked free
 	for e.ctx.Err() == nil {
 		wake := w.woken()
 		l, err := e.campaign()
 		switch {
 		case err == nil:
+			free = 0
 			if e.lead(l) {
 				wake = nil // campaign again after ttl/3, not at once
 			}
 		case errors.Is(err, ErrNotAcquired):
 			if !w.want(e.ctx) {
-				continue // released in between
+				if freeAgain(e.ctx, &free, e.ttl/3) != nil {
+					return
+				}
+				continue
 			}
+			free = 0
 			wake = w.woken()
 		case errors.Is(err, ErrClosed):
 			return

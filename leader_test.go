@@ -516,3 +516,30 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 	require.NoError(t, free.Resign(t.Context()))
 	require.NoError(t, taken.Resign(t.Context()))
 }
+
+// A campaign is woken by the leader's release (NOTIFY), not by its next poll: the
+// follower's clock stands still, so it never polls, and still leads at once when the
+// leader resigns.
+func TestResignWakesAFollowerThatNeverPolls(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	f := newFeed(t, 2)
+	pool := pglocktest.Pool(t, url, 4)
+	leader := newPoolClient(t, pool)
+	follower := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
+	first, err := leader.Elect(feedKey, f.leader(0))
+	require.NoError(t, err)
+	require.Equal(t, 0, next(t, f.acquired, "leader").who)
+	_, err = follower.Elect(feedKey, f.leader(1))
+	require.NoError(t, err)
+	// The follower has lost its first campaign and marked the key wanted.
+	require.Eventually(t, func() bool {
+		var wanted bool
+		require.NoError(t, pool.QueryRow(t.Context(),
+			"SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", feedKey).Scan(&wanted))
+		return wanted
+	}, 5*time.Second, 5*time.Millisecond)
+
+	require.NoError(t, first.Resign(t.Context()))
+	require.Equal(t, 1, next(t, f.acquired, "the follower leading after the leader's release").who)
+}

@@ -33,11 +33,14 @@ type Client struct {
 	events   *events
 	listener *listener // wakes waiters when their key is released
 
-	mu      sync.Mutex
-	closed  bool
-	held    map[*Lock]struct{}
-	keys    map[string]string // registered job and election keys: what each one is
-	closers []func(ctx context.Context) error
+	mu       sync.Mutex
+	closed   bool
+	held     map[*Lock]struct{}
+	sections map[*section]struct{} // code running under a lock: WithLock functions, job runs
+	keys     map[string]string     // registered job and election keys: what each one is
+	closers  []func(ctx context.Context) error
+	handing  sync.WaitGroup // hand-backs of failed acquisitions, in the background
+	handed   bool           // Close no longer waits for them: they run in the caller
 }
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
@@ -58,6 +61,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 func NewWithStore(store Store, opts ...Option) (*Client, error) {
 	if store == nil {
 		return nil, invalidArg("NewWithStore: nil store")
+	}
+	if s, ok := store.(*postgresStore); ok && s.invalid != nil {
+		return nil, s.invalid
 	}
 	cfg := config{ttl: DefaultTTL}
 	for _, opt := range opts {
@@ -85,6 +91,7 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 		instance: cfg.instance,
 		events:   newEvents(cfg.onEvent, cfg.logger),
 		held:     make(map[*Lock]struct{}),
+		sections: make(map[*section]struct{}),
 		keys:     make(map[string]string),
 	}
 	if cfg.noListen {
@@ -138,6 +145,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 	// A lock that expires (its holder died) wakes no one: poll at least every ttl/4.
 	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
 	backoff := 5 * time.Millisecond
+	free := 0 // how many times in a row the key looked free
 	for {
 		l, err := c.try(ctx, key, lc.ttl)
 		if !errors.Is(err, ErrNotAcquired) {
@@ -151,13 +159,37 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*
 			}
 			pause = min(pause, left)
 		}
+		backoff = min(backoff*2, maxBackoff)
 		if !w.want(ctx) {
-			continue // released in between
+			if werr := freeAgain(ctx, &free, pause); werr != nil {
+				return nil, fmt.Errorf("%w: %w", err, werr)
+			}
+			continue
 		}
+		free = 0
 		if werr := c.sleepOrWake(ctx, pause, w.woken()); werr != nil {
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
-		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// freeAgain is a waiter's step when marking its key found it free (released in
+// between): try again now, not after the pause. A key can look free and still refuse
+// the acquisition (an expired row that a fenced transaction keeps locked), so each
+// further time in a row waits twice as long, from 1 ms up to limit, on the real clock:
+// it must not spin, and a test's stopped clock must not park a waiter whose key is free.
+func freeAgain(ctx context.Context, times *int, limit time.Duration) error {
+	defer func() { *times++ }()
+	if *times == 0 {
+		return nil
+	}
+	t := time.NewTimer(min(time.Millisecond<<min(*times-1, 20), limit))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 
@@ -182,11 +214,14 @@ func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan s
 }
 
 // WithLock takes key as Acquire does, runs fn under the lock, and releases the lock when
-// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends or when the
-// lock is lost (context.Cause is then a *LockLostError), and pglock.FromContext(ctx)
-// returns the lock, whose Token fences fn's writes. It returns Acquire's error, fn's
-// error, or, when fn returned nil, a *LockLostError if the lock was lost before its
-// release, or the release's error.
+// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends, when the lock
+// is lost (context.Cause is then a *LockLostError), or when Close begins (the cause is
+// ErrClosed: Close waits for fn to return before it hands the key back, and when
+// Close's own ctx ends first the key is not handed back but left to expire). Inside fn,
+// pglock.FromContext(ctx) returns the lock, whose Token fences fn's writes. It returns
+// Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
+// when fn returned nil, a *LockLostError if the lock was lost before its release,
+// ErrClosed if Close left it to expire, or the release's error.
 func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...LockOption) (err error) {
 	if fn == nil {
 		return invalidArg("WithLock: nil fn")
@@ -195,14 +230,62 @@ func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	if err != nil {
 		return err
 	}
-	fctx, stop := withLockContext(ctx, l)
+	lctx, stop := withLockContext(ctx, l)
 	defer func() {
 		stop()
 		if rerr := l.Release(ctx); err == nil {
 			err = rerr
 		}
 	}()
+	fctx, s, err := c.enter(lctx)
+	if err != nil {
+		return err
+	}
+	defer c.leave(s)
 	return fn(fctx)
+}
+
+// section is code that runs under a lock: a WithLock function or a job's run. Close
+// cancels its ctx with ErrClosed and waits for it to return before handing any lock
+// back, so that a key never changes hands while the code holding it still runs.
+type section struct {
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// enter starts a section on a child of ctx, or returns ErrClosed once Close has begun.
+func (c *Client) enter(ctx context.Context) (context.Context, *section, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	s := &section{cancel: cancel, done: make(chan struct{})}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		cancel(ErrClosed)
+		return nil, nil, ErrClosed
+	}
+	c.sections[s] = struct{}{}
+	return ctx, s, nil
+}
+
+// leave ends a section that enter started.
+func (c *Client) leave(s *section) {
+	c.mu.Lock()
+	delete(c.sections, s)
+	c.mu.Unlock()
+	s.cancel(context.Canceled)
+	close(s.done)
+}
+
+// waitSections waits for every section of ss to return, or for ctx to end.
+func waitSections(ctx context.Context, ss []*section) error {
+	for _, s := range ss {
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	return nil
 }
 
 func (c *Client) lockConfig(key string, opts []LockOption) (lockConfig, error) {
@@ -235,17 +318,22 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
 	switch {
 	case err != nil:
+		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) {
+			// The statement may have been granted after ctx ended or the link failed:
+			// never leave the key held by an owner nobody knows for a whole ttl.
+			c.handBack(ctx, key, owner)
+		}
 		return nil, err
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	case token <= 0:
 		// Hand it back rather than hold a lock that cannot fence anything.
-		_, _ = c.releaseDetached(ctx, key, owner)
+		c.handBack(ctx, key, owner)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
 	case !c.clock.Now().Before(renewer.Deadline(sentAt, ttl)):
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
-		_, _ = c.releaseDetached(ctx, key, owner)
+		c.handBack(ctx, key, owner)
 		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
 	}
 	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
@@ -255,7 +343,7 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		_, _ = c.releaseDetached(ctx, key, owner)
+		c.handBack(ctx, key, owner)
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
@@ -321,12 +409,19 @@ func (c *Client) onClose(f func(ctx context.Context) error) {
 	c.mu.Unlock()
 }
 
-// Close shuts the client down: it refuses new acquisitions, runs the shutdown of its
-// jobs and elections (runs in progress finish, leaders step down), releases every lock
-// it still holds, and stops its renewer and event delivery. Store calls run on a
-// context detached from ctx's cancellation, with a timeout; ctx bounds the whole: when
-// it ends first, Close stops waiting, leaves what is left to expire, and returns ctx's
-// error. Calling Close again returns nil.
+// Close shuts the client down. It refuses new acquisitions, runs and campaigns; cancels,
+// with ErrClosed as the cause, every WithLock function, job run and leader's OnAcquired
+// in progress, and waits for each to return; only then hands its lock back (a job's
+// lease is kept for the rest of the second after its last run started: see Job).
+// Locks the caller took with TryAcquire or Acquire and still holds have their Context
+// cancelled with ErrClosed and are released. Then it stops its renewer and delivers the
+// events still queued.
+//
+// Store calls run on a context detached from ctx's cancellation, with a timeout. ctx
+// bounds the whole: when it ends first, Close stops waiting and returns ctx's cause,
+// and every lock not yet handed back is no longer renewed and expires on the database
+// clock after its ttl: a key is never handed back while code that holds it may still
+// run. Calling Close again returns nil.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {
@@ -335,15 +430,23 @@ func (c *Client) Close(ctx context.Context) error {
 	}
 	c.closed = true
 	closers := c.closers
+	sections := make([]*section, 0, len(c.sections))
+	for s := range c.sections {
+		sections = append(sections, s)
+	}
 	c.mu.Unlock()
+	for _, s := range sections {
+		s.cancel(ErrClosed)
+	}
 
-	// Jobs and elections shut down side by side: a leader's step-down must not wait
-	// behind a job lease kept for the rest of its second.
-	errs := make([]error, len(closers))
+	// Jobs, elections and sections shut down side by side: a leader's step-down must
+	// not wait behind a job lease kept for the rest of its second.
+	errs := make([]error, len(closers)+1)
 	var wg sync.WaitGroup
 	for i, f := range closers {
 		wg.Go(func() { errs[i] = f(ctx) })
 	}
+	wg.Go(func() { errs[len(closers)] = waitSections(ctx, sections) })
 	wg.Wait()
 	c.mu.Lock()
 	locks := make([]*Lock, 0, len(c.held))
@@ -356,16 +459,53 @@ func (c *Client) Close(ctx context.Context) error {
 			l.abandon() // no longer renewed: it expires in the store after its ttl
 			continue
 		}
-		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLockLost) {
+		l.cancel(ErrClosed)
+		if err := l.Release(ctx); err != nil && !errors.Is(err, ErrLockLost) && !errors.Is(err, ErrClosed) {
 			errs = append(errs, err)
 		}
 	}
-	c.renewer.Close()
-	c.events.close()
+	errs = append(errs, c.waitHandBacks(ctx), c.renewer.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	return errors.Join(errs...)
+}
+
+// handBack releases key for owner, an acquisition that failed after its call reached
+// the store, in the background (Close waits for it) so that the caller, whose ctx may
+// have ended, does not wait for it. Best effort: if the acquisition was still in
+// flight on the server, the lock expires after its ttl.
+func (c *Client) handBack(ctx context.Context, key, owner string) {
+	c.mu.Lock()
+	if c.handed {
+		c.mu.Unlock()
+		_, _ = c.releaseDetached(ctx, key, owner)
+		return
+	}
+	c.handing.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.handing.Done()
+		_, _ = c.releaseDetached(ctx, key, owner)
+	}()
+}
+
+// waitHandBacks waits for the hand-backs in the background, or for ctx to end.
+func (c *Client) waitHandBacks(ctx context.Context) error {
+	c.mu.Lock()
+	c.handed = true
+	c.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		c.handing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // detached returns ctx without its cancellation, with storeTimeout: for the calls that
@@ -401,9 +541,9 @@ type Lock struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu   sync.Mutex
-	done bool  // released or lost
-	err  error // what Release returns once done
+	mu     sync.Mutex
+	ending chan struct{} // made when the lock starts to end (Release, loss, Close); closed once err is set
+	err    error         // what Release returns once ended
 }
 
 // Key returns the lock's key.
@@ -430,18 +570,23 @@ func (l *Lock) Context() context.Context { return l.ctx }
 // run to say so. A paused process cannot know: see the package doc on fencing.
 func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
 
-// Release gives the lock back. It is idempotent: later calls return what the first
-// returned. The store call runs on ctx detached from its cancellation, with a timeout,
-// so a cancelled ctx still releases. It returns nil, a *LockLostError (ErrLockLost)
-// when the lock was lost before, or the store's error (the lock then expires after its
-// ttl).
+// Release gives the lock back. It is idempotent and safe to call concurrently: every
+// call returns what the first returned, once the first has finished. The store call
+// runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
+// releases. It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
+// before, ErrClosed when Close left it to expire, or the store's error (the lock then
+// expires after its ttl).
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
-	if l.done {
+	if l.ending != nil {
+		ending := l.ending
+		l.mu.Unlock()
+		<-ending
+		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.err
 	}
-	l.done = true
+	l.ending = make(chan struct{})
 	l.mu.Unlock()
 
 	c := l.c
@@ -467,6 +612,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.err = err
+	close(l.ending)
 	l.mu.Unlock()
 	return err
 }
@@ -495,8 +641,9 @@ func (l *Lock) lose(r renewer.Reason) {
 // context with that cause.
 func (l *Lock) end(err error) {
 	l.mu.Lock()
-	if !l.done {
-		l.done, l.err = true, err
+	if l.ending == nil {
+		l.ending, l.err = make(chan struct{}), err
+		close(l.ending)
 	}
 	l.mu.Unlock()
 	l.c.forget(l)

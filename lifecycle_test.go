@@ -1,0 +1,376 @@
+package pglock_test
+
+// The lease's promise on every path of the API, not only under faults: Close during a
+// critical section, an acquisition whose ctx ends while its statement is in flight, and
+// a link that goes silent under locks of two ttls. Slow and silent links are a TCP proxy
+// in front of the real PostgreSQL (internal/tcpproxy).
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/tcpproxy"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// proxiedPool returns a pool on databaseURL whose connections go through a new TCP
+// proxy, with conns connections open already, and the proxy; both are closed when the
+// test ends.
+func proxiedPool(t *testing.T, databaseURL string, conns int) (*pgxpool.Pool, *tcpproxy.Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	require.NoError(t, err)
+	p, err := tcpproxy.New(tcpproxy.To(cfg.ConnConfig.Host, cfg.ConnConfig.Port))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	host, port, err := net.SplitHostPort(p.Addr())
+	require.NoError(t, err)
+	n, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	cfg.ConnConfig.Fallbacks = nil
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // a slow link must not stop a statement before it is sent
+	cfg.MaxConns = int32(max(conns, 4))
+	cfg.MinConns = int32(conns)
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= int32(conns) }, 5*time.Second, 5*time.Millisecond)
+	return pool, p
+}
+
+// Path 1: Close cancels a WithLock function with ErrClosed, waits for it to return, and
+// only then hands the key back.
+func TestCloseWaitsForWithLockBeforeHandingTheKeyBack(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	a, err := pglock.NewWithStore(store, quiet)
+	require.NoError(t, err)
+	b := newClient(t, store, quiet)
+
+	inside, cancelled, finish := make(chan struct{}), make(chan error, 1), make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- a.WithLock(context.Background(), "invoice:export", func(ctx context.Context) error {
+			close(inside)
+			<-ctx.Done()
+			cancelled <- context.Cause(ctx)
+			await(t, finish) // the function finishes its work after its ctx ends
+			return nil
+		})
+	}()
+	receive(t, inside)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+
+	require.ErrorIs(t, receive(t, cancelled), pglock.ErrClosed, "fn's ctx is cancelled with ErrClosed as its cause")
+	_, err = b.TryAcquire(t.Context(), "invoice:export")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "the key changed hands while the function still ran")
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the function did", err)
+	default:
+	}
+
+	close(finish)
+	require.NoError(t, receive(t, result))
+	require.NoError(t, receive(t, closed))
+	l, err := b.TryAcquire(t.Context(), "invoice:export")
+	require.NoError(t, err, "handed back once the function returned")
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// Path 1, when Close's ctx ends first: the key is not handed back; it expires on the
+// database clock.
+func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	const ttl = time.Second
+	a, err := pglock.NewWithStore(store, quiet, pglock.WithTTL(ttl))
+	require.NoError(t, err)
+	b := newClient(t, store, quiet)
+
+	inside, finish := make(chan struct{}), make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- a.WithLock(context.Background(), "invoice:export", func(ctx context.Context) error {
+			close(inside)
+			await(t, finish) // ignores its ctx
+			return nil
+		})
+	}()
+	receive(t, inside)
+	closeCtx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, a.Close(closeCtx), context.DeadlineExceeded)
+	_, err = b.TryAcquire(t.Context(), "invoice:export")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "Close handed the key back while the function still ran")
+
+	close(finish)
+	require.ErrorIs(t, receive(t, result), pglock.ErrClosed, "WithLock says the lock was left to expire")
+	_, err = b.TryAcquire(t.Context(), "invoice:export")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "not handed back after the function returned either")
+	l, err := b.Acquire(t.Context(), "invoice:export", pglock.Wait(3*ttl))
+	require.NoError(t, err, "the key expires on the database clock")
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// Path 1, a lock the caller holds itself: Close cancels its Context with ErrClosed and
+// releases it.
+func TestCloseCancelsAndReleasesABareLock(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	var released atomic.Int32
+	a, err := pglock.NewWithStore(store, quiet, pglock.WithEventHandler(func(e pglock.Event) {
+		if e.Type == pglock.EventReleased && e.Key == "k" {
+			released.Add(1)
+		}
+	}))
+	require.NoError(t, err)
+	b := newClient(t, store, quiet)
+	l, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	require.NoError(t, a.Close(t.Context()))
+	require.ErrorIs(t, context.Cause(l.Context()), pglock.ErrClosed)
+	require.False(t, l.Held())
+	require.EqualValues(t, 1, released.Load(), "EventReleased is emitted, and delivered before Close returns")
+	_, err = b.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+}
+
+// Path 3: an acquisition whose ctx ends while its statement is in flight hands back what
+// the server granted, so another instance gets the key within about a round trip rather
+// than after the ttl.
+func TestAcquireWhoseCtxEndsInFlightHandsTheKeyBack(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 1)
+	const ttl = 10 * time.Second
+	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.WithTTL(ttl))
+	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
+	warm, err := a.TryAcquire(t.Context(), "warm") // the connection has the statements prepared
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(t.Context()))
+
+	proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = a.TryAcquire(ctx, "order:42")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	failed := time.Now()
+
+	var l *pglock.Lock
+	require.Eventually(t, func() bool {
+		l, err = b.TryAcquire(t.Context(), "order:42")
+		return err == nil
+	}, ttl/2, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
+	t.Logf("the key was free %v after the failed acquisition returned", time.Since(failed).Round(time.Millisecond))
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// Path 4: a link that goes silent under locks of two ttls. Each lock's context is
+// cancelled at its own deadline, before the database could give the key away, whatever
+// the renewal call of the other lock is doing. The schedule is arranged so that the
+// long lock's renewal comes first, alone, and hangs: the short lock, taken later, is
+// due only after that call has started.
+func TestSilentLinkCancelsEachLockAtItsOwnDeadline(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 3)
+	direct := pglocktest.Pool(t, url, 2)
+	a := newClient(t, pglock.NewPostgresStore(silent), quiet)
+
+	start := time.Now()
+	long, err := a.TryAcquire(t.Context(), "long", pglock.TTL(6*time.Second)) // renewed at +2 s
+	require.NoError(t, err)
+	time.Sleep(time.Until(start.Add(1700 * time.Millisecond)))                  // real time: the renewal schedule
+	short, err := a.TryAcquire(t.Context(), "short", pglock.TTL(3*time.Second)) // renewed at +2.7 s
+	require.NoError(t, err)
+	cancelledAt := make(chan time.Time, 1)
+	context.AfterFunc(short.Context(), func() { cancelledAt <- time.Now() })
+	var expiresAt time.Time
+	require.NoError(t, direct.QueryRow(t.Context(),
+		"SELECT expires_at FROM pglock.locks WHERE key = 'short'").Scan(&expiresAt))
+	time.Sleep(time.Until(start.Add(1850 * time.Millisecond)))
+	proxy.Blackhole() // from now on nothing answers, nothing refuses
+	defer proxy.Restore()
+
+	at := receive(t, cancelledAt)
+	require.True(t, at.Before(expiresAt), "the short lock's ctx was cancelled %v after the database expired it",
+		at.Sub(expiresAt))
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(short.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.True(t, long.Held(), "the long lock's deadline has not come")
+}
+
+// A second Release while the first is in flight returns what the first returns, once it
+// has finished: the key is free when it returns.
+func TestConcurrentReleaseWaitsForTheFirst(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 2)
+	a := newClient(t, pglock.NewPostgresStore(silent), quiet)
+	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 2)), quiet)
+	l, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+
+	proxy.Blackhole()
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- l.Release(t.Context()) }()
+	<-l.Context().Done() // the first Release has begun: it cancels the lock's ctx before its store call
+	go func() { second <- l.Release(t.Context()) }()
+	select {
+	case err := <-second:
+		t.Fatalf("the second Release returned (%v) while the first was in flight", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	proxy.Restore()
+	require.NoError(t, receive(t, second))
+	require.NoError(t, receive(t, first))
+	_, err = b.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+}
+
+// statements counts the statements a pool sends that contain a word.
+type statements struct {
+	word string
+	n    atomic.Int64
+}
+
+func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, s.word) {
+		s.n.Add(1)
+	}
+	return ctx
+}
+
+func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// A key can look free to lock_want (its row expired) and still refuse lock_acquire (a
+// fenced transaction keeps the expired row locked). Acquire must not spin on it.
+func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, url, 4)
+	_, err := pool.Exec(t.Context(), "CREATE TABLE docs (id int PRIMARY KEY, body text)")
+	require.NoError(t, err)
+	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
+	require.NoError(t, err)
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.WithTTL(300*time.Millisecond),
+		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
+	l, err := paused.TryAcquire(t.Context(), "doc:1")
+	require.NoError(t, err)
+	tx, err := pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	q, args, err := pglock.FenceHeld("UPDATE docs SET body = 'x' WHERE id = $1", "doc:1", l.Token(), 1)
+	require.NoError(t, err)
+	_, err = tx.Exec(t.Context(), q, args...)
+	require.NoError(t, err)
+	time.Sleep(400 * time.Millisecond) // database time: the lock expires, its row stays locked
+
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	counted := &statements{word: "lock_acquire"}
+	cfg.ConnConfig.Tracer = counted
+	waiterPool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	defer waiterPool.Close()
+	waiter := newPoolClient(t, waiterPool)
+	_, err = waiter.Acquire(t.Context(), "doc:1", pglock.Wait(500*time.Millisecond))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	t.Logf("%d attempts in 500 ms", counted.n.Load())
+	require.Less(t, counted.n.Load(), int64(40), "the wait spun")
+}
+
+// Close is bounded by its ctx even when the event handler does not return.
+func TestCloseIsBoundedByItsCtxWhileTheEventHandlerBlocks(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	unblock := make(chan struct{})
+	c, err := pglock.NewWithStore(store, quiet, pglock.WithEventHandler(func(pglock.Event) { <-unblock }))
+	require.NoError(t, err)
+	defer close(unblock)
+	_, err = c.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(ctx) }()
+	select {
+	case err := <-closed:
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(2 * time.Second):
+		t.Fatal("Close waited for the event handler past its ctx")
+	}
+}
+
+// A panicking event handler is logged; the events after it are still delivered.
+func TestPanickingEventHandlerIsLoggedAndDeliveryGoesOn(t *testing.T) {
+	t.Parallel()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	var logs logBuffer
+	var got []pglock.EventType
+	c, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(func(e pglock.Event) {
+		got = append(got, e.Type)
+		if e.Type == pglock.EventAcquired {
+			panic("handler bug")
+		}
+	}))
+	require.NoError(t, err)
+	l, err := c.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+	require.NoError(t, c.Close(t.Context())) // delivers what is queued
+	require.Equal(t, []pglock.EventType{pglock.EventAcquired, pglock.EventReleased}, got)
+	require.Contains(t, logs.String(), `level=ERROR msg="pglock: event handler panicked" key=k err="handler bug"`)
+}
+
+// clockMovingStore is a real store whose Acquire takes d on a manual clock: a reply that
+// comes late.
+type clockMovingStore struct {
+	pglock.Store
+	clock *pglocktest.ManualClock
+	d     time.Duration
+}
+
+func (s *clockMovingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
+	token, ok, err := s.Store.Acquire(ctx, key, owner, ttl)
+	s.clock.Advance(s.d)
+	return token, ok, err
+}
+
+// An acquisition confirmed only after its own deadline cannot be trusted: it is refused
+// and handed back.
+func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	clock := pglocktest.NewManualClock(time.Now())
+	const ttl = time.Second
+	late := &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl - ttl/10}
+	a := newClient(t, late, quiet, pglock.WithTTL(ttl), pglock.WithClock(clock))
+	b := newClient(t, pglock.NewPostgresStore(pool), quiet)
+	_, err := a.TryAcquire(t.Context(), "k")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.ErrorContains(t, err, "confirmation came after the lock's ttl")
+	require.Eventually(t, func() bool {
+		l, err := b.TryAcquire(t.Context(), "k")
+		return err == nil && l.Release(t.Context()) == nil
+	}, 5*time.Second, 10*time.Millisecond, "handed back")
+
+	late.d = ttl - ttl/10 - time.Millisecond // just in time: kept
+	l, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+	require.True(t, l.Held())
+}
