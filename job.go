@@ -105,9 +105,11 @@ type Job struct {
 // Register the job with gocron in singleton mode (see JobOptions), so that gocron
 // itself refuses an overlap inside one process.
 //
-// Client.Close shuts the job down: from its start, Run returns ErrClosed; it waits for
-// the runs in progress (bounded by its ctx), then hands the lease back, so that the next
-// tick on another instance runs at once rather than after the ttl. A lease whose last
+// Client.Close shuts the job down: from its start, Run returns ErrClosed; it cancels
+// the runs in progress (their ctx's cause is ErrClosed) and waits for them to return
+// (bounded by its ctx), then hands the lease back, so that the next tick on another
+// instance runs at once rather than after the ttl; when its ctx ends first, the lease
+// is left to expire instead. A lease whose last
 // run started less than a second before, on the client's clock, is kept for the rest of
 // that second, so that instances firing the same tick a few milliseconds later skip it
 // rather than run it again. An app shuts down in this order: the scheduler's Shutdown
