@@ -41,6 +41,7 @@ type Client struct {
 	closers  []func(ctx context.Context) error
 	handing  sync.WaitGroup // hand-backs of failed acquisitions, in the background
 	handed   bool           // Close no longer waits for them: they run in the caller
+	closing  chan struct{}  // closed when Close begins
 }
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
@@ -92,6 +93,7 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 		events:   newEvents(cfg.onEvent, cfg.logger),
 		held:     make(map[*Lock]struct{}),
 		sections: make(map[*section]struct{}),
+		closing:  make(chan struct{}),
 		keys:     make(map[string]string),
 	}
 	if cfg.noListen {
@@ -429,6 +431,7 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
+	close(c.closing)
 	closers := c.closers
 	sections := make([]*section, 0, len(c.sections))
 	for s := range c.sections {
@@ -471,10 +474,13 @@ func (c *Client) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// handBack releases key for owner, an acquisition that failed after its call reached
-// the store, in the background (Close waits for it) so that the caller, whose ctx may
-// have ended, does not wait for it. Best effort: if the acquisition was still in
-// flight on the server, the lock expires after its ttl.
+// handBack releases key for owner, an acquisition that failed after its call may have
+// reached the store, in the background (Close waits for it) so that the caller, whose
+// ctx may have ended, does not wait for it. The acquisition may reach the server, or
+// commit, only after the first release has found nothing to release, so a release
+// that finds nothing is tried again after handBackRetries, until Close begins (then
+// once more at once). Best effort: an acquisition that commits later still expires
+// after its ttl.
 func (c *Client) handBack(ctx context.Context, key, owner string) {
 	c.mu.Lock()
 	if c.handed {
@@ -486,9 +492,26 @@ func (c *Client) handBack(ctx context.Context, key, owner string) {
 	c.mu.Unlock()
 	go func() {
 		defer c.handing.Done()
-		_, _ = c.releaseDetached(ctx, key, owner)
+		for i := 0; ; i++ {
+			if ok, _ := c.releaseDetached(ctx, key, owner); ok || i == len(handBackRetries) {
+				return
+			}
+			t := time.NewTimer(handBackRetries[i])
+			select {
+			case <-t.C:
+			case <-c.closing:
+				t.Stop()
+				_, _ = c.releaseDetached(ctx, key, owner)
+				return
+			}
+		}
 	}()
 }
+
+// handBackRetries are the pauses, on the real clock, between the releases of a failed
+// acquisition that found nothing to release: about the time a statement can take to
+// reach the server and commit there, when the link or the server is slow.
+var handBackRetries = []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
 
 // waitHandBacks waits for the hand-backs in the background, or for ctx to end.
 func (c *Client) waitHandBacks(ctx context.Context) error {

@@ -11,8 +11,9 @@ import (
 	"github.com/pgfence/pglock"
 )
 
-// The invariants, numbered as in the issue; 0 collects problems of the run itself
-// (a worker that exited on its own, a fault that failed), which fail it too.
+// The invariants, numbered as in issue 7, then 7 and 8 of the issue "Keep the lease's
+// promise on every path"; 0 collects problems of the run itself (a worker that exited
+// on its own, a fault that failed), which fail it too.
 const (
 	invRun      = 0
 	invCounters = 1
@@ -21,17 +22,21 @@ const (
 	invLeader   = 4
 	invJob      = 5
 	invBlind    = 6
-	invariants  = 7
+	invRenew    = 7
+	invGhost    = 8
+	invariants  = 9
 )
 
 var invariantNames = [invariants]string{
 	invRun:      "the run itself: no worker exits on its own, every fault is injected",
 	invCounters: "fenced counters equal their accepted writes (no lost update); tokens never go back",
-	invOverlap:  "fenced critical sections never overlap on the database clock; nor do a key's leases",
-	invSignal:   "every lost lock is signalled (context cancelled) by its expiry on the database clock, when its holder runs",
+	invOverlap:  "fenced critical sections never overlap on the database clock; nor do a key's leases; a WithLock section ends before its key is handed back",
+	invSignal:   "every lost lock is signalled (context cancelled) by its expiry on the database clock, when its holder runs, whatever the ttls of its other locks",
 	invLeader:   "at most one leader with a live lease at any instant; OnLost only after OnAcquired",
 	invJob:      "the OnOneInstance job runs each tick at most once across the workers",
 	invBlind:    "the unfenced table loses updates under pauses (else the checker is blind)",
+	invRenew:    "a fenced transaction held open past the ttl costs its client no lock (neither its own nor another)",
+	invGhost:    "an acquisition abandoned in flight leaves no ghost: what the database granted is handed back, not left to expire",
 }
 
 // maxDetails bounds the violations kept per invariant; all are counted.
@@ -81,6 +86,19 @@ type Stats struct {
 	UnfencedOverlaps        int // unfenced critical sections that overlapped another
 	LeaderPausedExcess      time.Duration
 	Handover                map[string][]time.Duration
+
+	Sections         int            // WithLock sections that returned
+	SectionCancels   map[string]int // sections whose ctx was cancelled, by cause (closed, lost, other)
+	StoppedInSection int            // stop faults that landed in a WithLock section
+	SectionTail      time.Duration  // the longest a section ran on after its ctx was cancelled by Close
+	LongTxs          int            // fenced transactions held open past the ttl, to their end
+	LongTxsExcused   int            // ... with a fault on their worker meanwhile: a lost lock is no finding
+	LongTxsRenewed   int            // ... whose fenced lock the database renewed while the transaction was open
+	Probes           [3]int         // TryAcquire on a short ctx: ok, not acquired, gave up (an error: ctx, the link)
+	Ghosts           int            // leases no client knew it held
+	GhostsExpired    int            // ... left to expire rather than handed back
+	GhostsExcused    int            // ... of those, with their worker dead, paused, cut off or killed meanwhile
+	GhostTime        []time.Duration
 }
 
 // TableStats counts one table's writes: as the clients saw them, and as the database
@@ -104,7 +122,8 @@ type lease struct {
 	key, owner, worker string
 	token              int64
 	start, expires     time.Time
-	released           time.Time // zero unless handed back while live
+	released           time.Time   // zero unless handed back while live
+	renewals           []time.Time // on the database clock
 }
 
 // end is when the lease stopped being live: its release or its expiry.
@@ -132,6 +151,7 @@ type checker struct {
 	slack   time.Duration
 	lives   map[string]Life
 	stops   map[string][]Fault // pauses by worker
+	faults  map[string][]Fault // every fault by target; the server's under ""
 	leases  map[string][]*lease
 	byToken map[keyToken]*lease
 	recs    map[string][]Record // by worker, in file order
@@ -141,17 +161,21 @@ type checker struct {
 // check verifies the invariants on h.
 func check(h *History) *Result {
 	c := &checker{h: h, r: &Result{Config: h.Config}, slack: h.Config.Slack,
-		lives: map[string]Life{}, stops: map[string][]Fault{}, leases: map[string][]*lease{},
+		lives: map[string]Life{}, stops: map[string][]Fault{}, faults: map[string][]Fault{}, leases: map[string][]*lease{},
 		byToken: map[keyToken]*lease{}, recs: map[string][]Record{}, ops: map[string][]Record{}}
 	c.r.Stats = Stats{Records: len(h.Records), Workers: len(h.Lives), Tables: map[string]*TableStats{},
-		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{}}
+		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{},
+		SectionCancels: map[string]int{}}
 	c.index()
 	c.run()
 	c.counters()
 	c.overlaps()
+	c.sections()
 	c.signals()
 	c.leader()
 	c.job()
+	c.longTxs()
+	c.ghosts()
 	c.handovers()
 	return c.r
 }
@@ -162,6 +186,10 @@ func (c *checker) index() {
 	}
 	for _, f := range c.h.Faults {
 		c.r.Stats.Faults[f.Kind]++
+		c.faults[f.Target] = append(c.faults[f.Target], f)
+		if f.Kind == faultStop && f.Detail != "" {
+			c.r.Stats.StoppedInSection++
+		}
 		if f.Kind == faultPause {
 			c.stops[f.Target] = append(c.stops[f.Target], f)
 		}
@@ -176,7 +204,7 @@ func (c *checker) index() {
 		}
 	}
 	cur := map[string]*lease{}
-	for _, row := range c.h.Leases { // in id order: per key, the order of the row lock
+	for _, row := range visible(c.h.Leases) { // in id order: per key, the order of the row lock
 		l := cur[row.Key]
 		switch {
 		case row.Owner != "" && (l == nil || l.token != row.Token || !l.released.IsZero()):
@@ -186,16 +214,46 @@ func (c *checker) index() {
 			c.byToken[keyToken{row.Key, row.Token}] = l
 		case row.Owner != "": // a renewal
 			l.expires = row.ExpiresAt
+			l.renewals = append(l.renewals, row.At)
 		case l != nil && l.token == row.Token: // a release
 			l.released = row.At
 		}
 	}
 }
 
+// visible returns the lease log without the rows that a later row of the same key
+// overwrote in the same transaction (an acquisition that writes a placeholder token,
+// then the real one): what other transactions could see.
+func visible(rows []LeaseRow) []LeaseRow {
+	out := make([]LeaseRow, 0, len(rows))
+	next := map[string]LeaseRow{} // the next row of each key, going backwards
+	for i := len(rows) - 1; i >= 0; i-- {
+		row := rows[i]
+		if n, ok := next[row.Key]; ok && row.Xact != 0 && n.Xact == row.Xact && n.Owner == row.Owner {
+			continue
+		}
+		next[row.Key] = row
+		out = append(out, row)
+	}
+	slices.Reverse(out)
+	return out
+}
+
 // stoppedAt reports whether worker was paused at some moment of [from, to].
 func (c *checker) stoppedAt(worker string, from, to time.Time) bool {
 	for _, f := range c.stops[worker] {
 		if !f.Start.After(to) && !f.End.Before(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// faulted reports whether a fault of one of kinds hit worker, or the whole server, at
+// some moment of [from, to].
+func (c *checker) faulted(worker string, from, to time.Time, kinds ...string) bool {
+	for _, f := range append(slices.Clone(c.faults[worker]), c.faults[""]...) {
+		if slices.Contains(kinds, f.Kind) && !f.Start.After(to) && !f.End.Before(from) {
 			return true
 		}
 	}
@@ -388,17 +446,55 @@ func (c *checker) overlaps() {
 	}
 }
 
+// sections checks the WithLock part of invariant 2: a section runs, on the worker's
+// clock (the machine's, as the database's), from its fn's start to its return, after
+// its ctx was cancelled too; its lock must not be handed back before that. An expired
+// lock is invariant 3's: only the fences stop a section that outlives its lease.
+func (c *checker) sections() {
+	cancelled := map[workerToken]Record{}
+	for _, r := range c.h.Records {
+		if r.F == fCancel {
+			c.r.Stats.SectionCancels[r.Reason]++
+			cancelled[workerToken{r.Worker, r.Token}] = r
+		}
+	}
+	for _, r := range c.h.Records {
+		if r.F != fSection || r.Type != typeOK {
+			continue
+		}
+		c.r.Stats.Sections++
+		if cr, ok := cancelled[workerToken{r.Worker, r.Token}]; ok && cr.Reason == cancelClosed {
+			c.r.Stats.SectionTail = max(c.r.Stats.SectionTail, r.Local.Sub(cr.Local))
+		}
+		l := c.byToken[keyToken{r.Key, r.Token}]
+		if l == nil || l.released.IsZero() || !l.released.Before(l.expires) || !r.Local.After(l.released) {
+			continue // overlaps reports a token never granted
+		}
+		next := ""
+		for _, n := range c.leases[r.Key] {
+			if n.start.After(l.start) && n.start.Before(r.Local) {
+				next = fmt.Sprintf("; token %d (%s) held the key from %s", n.token, n.worker, stamp(n.start))
+				break
+			}
+		}
+		c.r.violate(invOverlap, "%s's WithLock section on %q (token %d) ran until %s, %v after its lock was handed back at %s%s",
+			r.Worker, r.Key, r.Token, stamp(r.Local), r.Local.Sub(l.released).Round(time.Microsecond), stamp(l.released), next)
+	}
+}
+
 // signals checks invariant 3: a lease that expired (rather than being released) while
 // the client that knew it held it was running must have been signalled lost, or let go
-// (a Release call, whatever its outcome), by its expiry plus the slack.
+// (a Release call, whatever its outcome), by its expiry plus the slack. For the locks a
+// worker took itself (watched), the signal is the cancellation of the lock's Context,
+// which the worker records; for the election's and the job's, the first sign of any.
 func (c *checker) signals() {
 	acquired := map[workerToken]time.Time{} // when the client learned it held the lease
 	signal := map[workerToken]time.Time{}
-	ctxLost := map[workerToken]bool{}
+	ctxLost := map[workerToken]time.Time{}
 	releasing := map[workerToken]time.Time{}
-	first := func(k workerToken, t time.Time) {
-		if s, ok := signal[k]; !ok || t.Before(s) {
-			signal[k] = t
+	first := func(m map[workerToken]time.Time, k workerToken, t time.Time) {
+		if s, ok := m[k]; !ok || t.Before(s) {
+			m[k] = t
 		}
 	}
 	for _, r := range c.h.Records {
@@ -407,12 +503,12 @@ func (c *checker) signals() {
 		case r.Type == typeEvent && r.F == string(pglock.EventAcquired):
 			acquired[k] = r.Local
 		case r.F == string(pglock.EventLost):
-			first(k, r.Local)
+			first(signal, k, r.Local)
 		case r.F == fCtxLost:
-			ctxLost[k] = true
-			first(k, r.Local)
+			first(ctxLost, k, r.Local)
+			first(signal, k, r.Local)
 		case r.F == fUnlead && strings.Contains(r.Reason, "lost"):
-			first(k, r.Local)
+			first(signal, k, r.Local)
 		case r.F == fRelease && r.Type == typeInvoke:
 			releasing[k] = r.Local
 		}
@@ -438,13 +534,21 @@ func (c *checker) signals() {
 				continue
 			}
 			s, ok := signal[k]
+			if watched(key) {
+				s, ok = ctxLost[k]
+			}
 			if rel, let := releasing[k]; let && (!ok || rel.Before(s)) {
 				if !rel.After(e.Add(c.slack)) {
 					continue // it let go (a release that failed, or came too late) in time
 				}
 				s, ok = rel, true // it held on past the expiry: its release is the first sign of the loss
 			}
-			if !ok {
+			switch {
+			case !ok && watched(key) && !signal[k].IsZero():
+				c.r.violate(invSignal, "%s's lock %q (token %d) was lost (signalled at %s) without its Context being cancelled with a *LockLostError",
+					l.worker, key, l.token, stamp(signal[k]))
+				continue
+			case !ok:
 				c.r.violate(invSignal, "%s never noticed that its lease %q (token %d) expired (due by %s)", l.worker, key, l.token, stamp(e))
 				continue
 			}
@@ -453,13 +557,13 @@ func (c *checker) signals() {
 				c.r.violate(invSignal, "%s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s)",
 					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e))
 			}
-			if strings.HasPrefix(key, "k") && !ctxLost[k] && c.alive(l.worker, e, e.Add(time.Second)) {
-				c.r.violate(invSignal, "%s's lock %q (token %d) was lost without its Context being cancelled with a *LockLostError",
-					l.worker, key, l.token)
-			}
 		}
 	}
 }
+
+// watched reports whether the worker records the cancellation of key's locks' Context:
+// every lock it takes itself, not the election's nor the job's.
+func watched(key string) bool { return key != leaderKey && key != jobLeaseKey }
 
 // term is one leadership as its leader saw it.
 type term struct {
@@ -572,6 +676,112 @@ func (c *checker) job() {
 		}
 		if live > 1 {
 			c.r.violate(invJob, "tick %d ran on %d workers with live leases", n, live)
+		}
+	}
+}
+
+// longTxs checks invariant 7: while a worker kept a fenced transaction open past the
+// ttl on one lock, neither that lock nor the other it held was lost, unless a fault hit
+// the worker (or the server) from a ttl before to the end. The database's renewals of
+// the fenced lock while the transaction was open are counted.
+func (c *checker) longTxs() {
+	type episode struct {
+		worker     string
+		locks      []keyToken
+		start, end time.Time
+	}
+	episodes := map[string]*episode{}
+	lost := map[workerToken]Record{}
+	for _, r := range c.h.Records {
+		switch {
+		case r.F == fLongTx && r.Type == typeInvoke:
+			e := episodes[r.Op]
+			if e == nil {
+				e = &episode{worker: r.Worker, start: r.Local}
+				episodes[r.Op] = e
+			}
+			e.locks = append(e.locks, keyToken{r.Key, r.Token})
+		case r.F == fLongTx && r.Type == typeOK:
+			if e := episodes[r.Op]; e != nil {
+				e.end = r.Local
+			}
+		case r.F == fCtxLost || r.F == string(pglock.EventLost):
+			k := workerToken{r.Worker, r.Token}
+			if p, ok := lost[k]; !ok || r.Local.Before(p.Local) {
+				lost[k] = r
+			}
+		}
+	}
+	for _, op := range slices.Sorted(maps.Keys(episodes)) {
+		e := episodes[op]
+		if e.end.IsZero() {
+			continue // its worker died in it
+		}
+		c.r.Stats.LongTxs++
+		if l := c.byToken[e.locks[0]]; l != nil && slices.ContainsFunc(l.renewals, func(t time.Time) bool {
+			return t.After(e.start) && t.Before(e.end)
+		}) {
+			c.r.Stats.LongTxsRenewed++
+		}
+		if c.faulted(e.worker, e.start.Add(-c.h.Config.TTL), e.end, allFaults...) {
+			c.r.Stats.LongTxsExcused++
+			continue
+		}
+		for i, kt := range e.locks {
+			r, ok := lost[workerToken{e.worker, kt.token}]
+			if !ok {
+				continue
+			}
+			which := "its other lock"
+			if i == 0 {
+				which = "the transaction's own lock"
+			}
+			c.r.violate(invRenew, "%s lost %s %q (token %d) at %s (%s) while its fenced transaction on %q stayed open (%s to %s), with no fault on it",
+				e.worker, which, kt.key, kt.token, stamp(r.Local), r.F, e.locks[0].key, stamp(e.start), stamp(e.end))
+		}
+	}
+}
+
+// ghosts checks invariant 8: a lease that no client learned it held (an acquisition
+// whose ctx ended while its statement was in flight, or whose reply came too late) must
+// be handed back by the client, in the background, rather than hold the key until it
+// expires; unless its worker died, or was paused, cut off, killed, stopped or lost its
+// backends (or the server restarted) before it could. A slow link is no excuse.
+func (c *checker) ghosts() {
+	known := map[workerToken]bool{}
+	for _, r := range c.h.Records {
+		if (r.Type == typeEvent && r.F == string(pglock.EventAcquired)) || (r.F == fProbe && r.Type == typeOK) {
+			known[workerToken{r.Worker, r.Token}] = true
+		}
+		if r.F == fProbe {
+			switch {
+			case r.Type == typeOK:
+				c.r.Stats.Probes[0]++
+			case r.Type == typeFail && strings.HasPrefix(r.Err, pglock.ErrNotAcquired.Error()):
+				c.r.Stats.Probes[1]++
+			case r.Type == typeFail:
+				c.r.Stats.Probes[2]++
+			}
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(c.leases)) {
+		for _, l := range c.leases[key] {
+			if known[workerToken{l.worker, l.token}] {
+				continue
+			}
+			c.r.Stats.Ghosts++
+			c.r.Stats.GhostTime = append(c.r.Stats.GhostTime, l.end().Sub(l.start))
+			if l.end().Before(l.expires) {
+				continue // handed back
+			}
+			c.r.Stats.GhostsExpired++
+			if !c.alive(l.worker, l.start, l.expires) ||
+				c.faulted(l.worker, l.start.Add(-c.h.Config.TTL), l.expires, faultPause, faultPartition, faultKill, faultStop, faultTerminate, faultRestart) {
+				c.r.Stats.GhostsExcused++
+				continue
+			}
+			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s",
+				key, l.owner, l.token, stamp(l.start), stamp(l.expires))
 		}
 	}
 }

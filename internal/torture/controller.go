@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -32,17 +35,55 @@ var schemaSQL string
 const (
 	faultPause     = "pause"     // SIGSTOP a worker (a lock holder if there is one) for 2-4 ttl, then SIGCONT
 	faultKill      = "kill"      // SIGKILL a worker and start a new one in its slot
+	faultStop      = "stop"      // SIGTERM a worker in a WithLock section (Close), wait for it, start a new one
 	faultTerminate = "terminate" // pg_terminate_backend every backend of one worker
 	faultPartition = "partition" // black-hole a worker's proxy for 1-3 ttl, then restore
+	faultDelay     = "delay"     // delay every chunk of a worker's proxy by ttl/20 to ttl/8 each way, for 1-3 ttl
 	faultSlow      = "slow"      // SIGUSR1: a worker burns every P of its CPU for Config.Burn
 	faultRestart   = "restart"   // restart PostgreSQL (Config.RestartCommand)
 )
 
 // allFaults in the order reports list them.
-var allFaults = []string{faultPause, faultKill, faultTerminate, faultPartition, faultSlow, faultRestart}
+var allFaults = []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow, faultRestart}
 
 // faultWeight is how often the nemesis picks each fault, relative to the others.
-var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultTerminate: 2, faultPartition: 2, faultSlow: 1, faultRestart: 1}
+var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultStop: 2, faultTerminate: 2, faultPartition: 2,
+	faultDelay: 2, faultSlow: 1, faultRestart: 1}
+
+// The mutations: each restores in the workers an old behaviour of the library that the
+// issue "Keep the lease's promise on every path" fixed, so that a run (-mutate) shows
+// the checker catches it.
+const (
+	mutOldClose    = "old-close"
+	mutOldRenewal  = "old-renewal"
+	mutOldAcquire  = "old-acquire"
+	mutOldDeadline = "old-deadline"
+)
+
+// mutations lists what each mutation does, the invariant it must break, and the fault
+// that walks its path (none: the workers walk it on their own).
+var mutations = map[string]struct {
+	What      string
+	Invariant int
+	Fault     string
+}{
+	mutOldClose: {"on SIGTERM the worker hands back (pglock.lock_release) the key of the WithLock section in progress, " +
+		"before Close, as Close did before it waited for the section to return", invOverlap, faultStop},
+	mutOldRenewal: {"the long fenced transaction also row-locks (FOR SHARE) the rows of both locks it holds, " +
+		"which the old batched renewal waited on until its deadline", invRenew, ""},
+	mutOldAcquire: {"probes call pglock.lock_acquire directly and hand nothing back when their ctx ends in flight, " +
+		"as the old TryAcquire did", invGhost, faultDelay},
+	mutOldDeadline: {"the short lock's loss is seen (its ctx cancellation recorded) only once the long lock's ctx ends, " +
+		"as when the old renewer's call for the long lock held up the short one's deadline", invSignal, faultPartition},
+}
+
+// checkMutation returns an error for a mutation that does not exist.
+func checkMutation(m string) error {
+	if _, ok := mutations[m]; !ok && m != "" {
+		return fmt.Errorf("torture: unknown mutation %q (want one of %s)", m, strings.Join(slices.Sorted(maps.Keys(mutations)), ","))
+	}
+	return nil
+}
 
 // Config is one run of the torture test.
 type Config struct {
@@ -60,7 +101,8 @@ type Config struct {
 	// expiry by the renewal's latency, which is less.
 	Slack          time.Duration `json:"slack"`
 	Seed           uint64        `json:"seed"`
-	Faults         []string      `json:"faults"` // enabled faults
+	Faults         []string      `json:"faults"`           // enabled faults
+	Mutate         string        `json:"mutate,omitempty"` // an old behaviour restored in the workers (mutations)
 	RestartCommand string        `json:"restart_command,omitempty"`
 	Started        time.Time     `json:"started"`
 	Command        string        `json:"command,omitempty"` // how the run was started, for the report
@@ -95,7 +137,7 @@ func (c *Config) check() error {
 	if slices.Contains(c.Faults, faultRestart) && c.RestartCommand == "" {
 		return errors.New("torture: the restart fault needs a restart command")
 	}
-	return nil
+	return checkMutation(c.Mutate)
 }
 
 // controller starts the workers, runs the nemesis, and gathers the history.
@@ -219,7 +261,8 @@ func (c *controller) start(s *slot) error {
 		return err
 	}
 	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.proxy.Addr(), history: historyFile(c.cfg.Dir, id),
-		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64()}
+		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64(),
+		mutate: c.cfg.Mutate}
 	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// The kernel kills the worker if the controller dies without cleaning up.
@@ -261,10 +304,14 @@ func (c *controller) kill(s *slot) {
 	<-s.cur.done
 }
 
+// stopTimeout is how long a worker has to stop after SIGTERM before it is killed.
+const stopTimeout = 20 * time.Second
+
 // stopAll stops every worker: SIGCONT, SIGTERM and a clean Close, or SIGKILL after
-// 20 s. It closes the proxies last (a worker's Close needs its connections). It is
-// safe to call twice.
+// stopTimeout. It closes the proxies last (a worker's Close needs its connections). It
+// is safe to call twice.
 func (c *controller) stopAll() {
+	var running []*slot
 	for _, s := range c.slots {
 		if s.cur == nil {
 			continue
@@ -275,26 +322,40 @@ func (c *controller) stopAll() {
 		default:
 		}
 		s.proxy.Restore()
+		s.proxy.SetDelay(tcpproxy.ToServer, 0)
+		s.proxy.SetDelay(tcpproxy.ToClient, 0)
 		_ = c.signal(s, syscall.SIGCONT)
 		_ = c.signal(s, syscall.SIGTERM)
+		running = append(running, s)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, s := range c.slots {
-		if s.cur == nil {
-			continue
-		}
-		select {
-		case <-s.cur.done:
-		case <-time.After(time.Until(deadline)):
-			c.mu.Lock()
-			s.cur.killed, s.cur.life.Exit = true, "did not stop within 20s of SIGTERM"
-			c.mu.Unlock()
-			_ = s.cur.cmd.Process.Kill()
-			<-s.cur.done
-		}
+	deadline := time.Now().Add(stopTimeout)
+	for _, s := range running {
+		c.awaitExit(s, time.Until(deadline))
 	}
 	for _, s := range c.slots {
 		s.proxy.Close()
+	}
+}
+
+// stop SIGTERMs the slot's worker, which closes its client cleanly, and waits for it
+// to exit.
+func (c *controller) stop(s *slot) error {
+	err := c.signal(s, syscall.SIGTERM)
+	c.awaitExit(s, stopTimeout)
+	return err
+}
+
+// awaitExit waits up to d for the slot's worker to exit after a SIGTERM, then kills it:
+// a finding, kept in its Life.
+func (c *controller) awaitExit(s *slot, d time.Duration) {
+	select {
+	case <-s.cur.done:
+	case <-time.After(d):
+		c.mu.Lock()
+		s.cur.killed, s.cur.life.Exit = true, "did not stop within "+stopTimeout.String()+" of SIGTERM"
+		c.mu.Unlock()
+		_ = s.cur.cmd.Process.Kill()
+		<-s.cur.done
 	}
 }
 
@@ -373,7 +434,7 @@ func suffix(detail, err string) string {
 
 // between draws a duration in [lo, hi).
 func (c *controller) between(lo, hi time.Duration) time.Duration {
-	return lo + time.Duration(c.rng.Int64N(int64(hi-lo)))
+	return between(c.rng, lo, hi)
 }
 
 // inject runs one fault on s (or on the server) and heals it, however ctx ends. It
@@ -396,6 +457,16 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 		c.kill(s)
 		f.End = time.Now()
 		return f, c.start(s)
+	case faultStop:
+		if t := c.inSection(ctx); t != nil {
+			s, f.Target, f.Detail = t, t.cur.life.ID, "in a WithLock section"
+		}
+		f.Start = time.Now()
+		if err = c.stop(s); err != nil {
+			f.Err = err.Error()
+		}
+		f.End = time.Now()
+		return f, c.start(s)
 	case faultTerminate:
 		var n int
 		err = c.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -405,6 +476,15 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 		s.proxy.Blackhole()
 		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
 		s.proxy.Restore()
+	case faultDelay:
+		// Longer than a probe's timeout, shorter than what would cost a renewal.
+		d := c.between(c.cfg.TTL/20, c.cfg.TTL/8)
+		f.Detail = d.Round(time.Millisecond).String() + " each way"
+		s.proxy.SetDelay(tcpproxy.ToServer, d)
+		s.proxy.SetDelay(tcpproxy.ToClient, d)
+		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
+		s.proxy.SetDelay(tcpproxy.ToServer, 0)
+		s.proxy.SetDelay(tcpproxy.ToClient, 0)
 	case faultSlow:
 		if err = c.signal(s, syscall.SIGUSR1); err == nil {
 			sleep(ctx, c.cfg.Burn)
@@ -448,6 +528,50 @@ func (c *controller) holder(ctx context.Context) *slot {
 	return nil
 }
 
+// inSection returns the slot of a worker that is inside a WithLock section now, if
+// any (a stop then lands in it), as the tail of its history says.
+func (c *controller) inSection(ctx context.Context) *slot {
+	for range 100 { // sections come and go: look again
+		for _, i := range c.rng.Perm(len(c.slots)) {
+			if s := c.slots[i]; sectionOpen(historyFile(c.cfg.Dir, s.cur.life.ID)) {
+				return s
+			}
+		}
+		if !sleep(ctx, 5*time.Millisecond) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// sectionOpen reports whether the last section record in the tail of the history at
+// path is a section's start.
+func sectionOpen(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return false
+	}
+	off := max(st.Size()-32<<10, 0)
+	buf := make([]byte, st.Size()-off)
+	if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
+		return false
+	}
+	lines := bytes.Split(buf, []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		var r Record
+		if !bytes.Contains(lines[i], []byte(`"f":"`+fSection+`"`)) || json.Unmarshal(lines[i], &r) != nil {
+			continue
+		}
+		return r.Type == typeInvoke
+	}
+	return false
+}
+
 // restart runs the restart command and waits until the server answers again.
 func (c *controller) restart(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -471,7 +595,7 @@ func (c *controller) collect(ctx context.Context) (*History, error) {
 	defer cancel()
 	h := &History{Config: c.cfg, Final: map[string]map[string]int64{}}
 	var err error
-	rows, _ := c.pool.Query(ctx, `SELECT id, key, coalesce(owner, ''), token, expires_at, at FROM torture.lease_log ORDER BY id`)
+	rows, _ := c.pool.Query(ctx, `SELECT id, key, coalesce(owner, ''), token, expires_at, at, xact FROM torture.lease_log ORDER BY id`)
 	if h.Leases, err = pgx.CollectRows(rows, pgx.RowToStructByPos[LeaseRow]); err != nil {
 		return nil, err
 	}

@@ -27,8 +27,13 @@ const (
 
 // Record functions (Record.F).
 const (
-	fAcquire = "acquire" // Acquire(key, Wait)
-	fRelease = "release" // Lock.Release
+	fAcquire = "acquire" // Acquire(key, Wait), or WithLock's acquisition
+	fRelease = "release" // Lock.Release, or WithLock's release once its fn has returned
+	fSection = "section" // a WithLock fn: invoke when it starts, ok when it returns
+	fCancel  = "cancel"  // a WithLock fn's ctx was cancelled; Reason: closed, lost or other
+	fLongTx  = "longtx"  // a fenced transaction held open past the ttl: an invoke per lock held, ok at the end
+	fProbe   = "probe"   // TryAcquire on a ctx of probeTimeout
+	fMutate  = "mutate"  // what a -mutate behaviour did
 	fRead    = "read"    // the read of a read-modify-write (the claim, for the column fence)
 	fWrite   = "write"   // the write of a read-modify-write
 	fTick    = "tick"    // the OnOneInstance job's run and its fenced write
@@ -94,6 +99,7 @@ type LeaseRow struct {
 	Token     int64     `json:"token"`
 	ExpiresAt time.Time `json:"expires_at"`
 	At        time.Time `json:"at"`
+	Xact      int64     `json:"xact,omitempty"` // the transaction; 0 in histories from before it was logged
 }
 
 // WriteRow is one write that a counter table accepted, written by a trigger in the

@@ -2,13 +2,16 @@
 //
 // It starts N worker processes (this program, run as "torture worker"), each a pglock
 // client on its own pool, connected to PostgreSQL through a TCP proxy of its own on
-// 127.0.0.1. Each worker loops: Acquire one of K keys, read the key's counter in three
-// tables, think, write counter+1 to each (one with a column fence, one with a lock
-// fence, one with none), Release. Every worker also campaigns in one election and runs
-// one OnOneInstance job on every 50 ms tick, which records its tick fenced by its lease.
-// Meanwhile the nemesis pauses holders (SIGSTOP past the ttl), kills workers and starts
-// new ones, terminates a worker's backends, black-holes its proxy, burns its CPU, and
-// restarts PostgreSQL, in an order and with timings drawn from a printed seed.
+// 127.0.0.1. Each worker loops: take one of K keys (Acquire and Release, or WithLock),
+// read the key's counter in three tables, think, write counter+1 to each (one with a
+// column fence, one with a lock fence, one with none); now and then it holds a
+// FenceHeld transaction open past the ttl while it holds another lock. Every worker
+// also campaigns in one election, runs one OnOneInstance job on every 50 ms tick, which
+// records its tick fenced by its lease, holds two locks of different ttls side by side,
+// and probes keys with TryAcquire on a very short ctx. Meanwhile the nemesis pauses
+// holders (SIGSTOP past the ttl), kills workers, stops them cleanly in a WithLock
+// section, terminates a worker's backends, black-holes or slows its proxy, burns its
+// CPU, and restarts PostgreSQL, in an order and with timings drawn from a printed seed.
 //
 // Every worker appends what it did to its own history file; triggers log, in the
 // writes' own transactions, every lease change and every accepted write. After the run
@@ -18,6 +21,7 @@
 //	go run ./internal/torture -duration 10m     # the long run: every fault, PostgreSQL restarts included
 //	go run ./internal/torture -duration 3m -restart=false -report ''   # on a server others use; print only
 //	go run ./internal/torture check -dir /tmp/pglock-torture-123    # check a run's histories again
+//	go run ./internal/torture -duration 1m -restart=false -report '' -mutate old-close   # must fail invariant 2
 //
 // The report goes to RELIABILITY.md in the current directory unless -report says
 // otherwise; the histories stay in the directory the first line of output names.
@@ -36,9 +40,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -77,7 +83,7 @@ func defaultConfig() Config {
 		Workers: 5, Keys: 3, TTL: time.Second, Duration: 10 * time.Minute,
 		Think: 50 * time.Millisecond, Tick: 50 * time.Millisecond, Burn: time.Second,
 		Gap: 3 * time.Second, Slack: 100 * time.Millisecond,
-		Faults: []string{faultPause, faultKill, faultTerminate, faultPartition, faultSlow},
+		Faults: []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow},
 	}
 }
 
@@ -101,6 +107,8 @@ func runController(args []string, out io.Writer) error {
 	fs.StringVar(&cfg.Dir, "dir", "", "where to keep the histories (default: a new temporary directory)")
 	report := fs.String("report", "RELIABILITY.md", "where to write the report (empty: only print it)")
 	fs.StringVar(&cfg.Note, "note", "", "a note for the report: why a fault was left out, what else ran on the machine")
+	fs.StringVar(&cfg.Mutate, "mutate", "", "restore an old behaviour in the workers, to see the checker fail: "+
+		strings.Join(slices.Sorted(maps.Keys(mutations)), ", ")+" (never with the default -report)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -3,14 +3,17 @@ CREATE SCHEMA torture;
 
 -- Every change of a lock row that matters (holder, token, expiry), on the database
 -- clock: the lease intervals the checker measures against. The log row commits with
--- the change, and the row lock of pglock.locks orders a key's entries by id.
+-- the change, and the row lock of pglock.locks orders a key's entries by id. xact
+-- names the transaction: an acquisition that writes its row twice (a placeholder
+-- token, then the real one) is one change to everyone else.
 CREATE TABLE torture.lease_log (
     id         bigserial PRIMARY KEY,
     key        text NOT NULL,
     owner      text,
     token      bigint NOT NULL,
     expires_at timestamptz NOT NULL,
-    at         timestamptz NOT NULL DEFAULT clock_timestamp()
+    at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    xact       bigint NOT NULL DEFAULT txid_current()
 );
 
 CREATE FUNCTION torture.log_lease() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,9 +37,42 @@ func TestTorture(t *testing.T) {
 		t.Skip("the torture test runs for a minute; it is skipped with -short")
 	}
 	t.Parallel()
-	cfg := defaultConfig()
-	cfg.Workers, cfg.Duration = 3, 60*time.Second
+	cfg := tortureConfig(t, 60*time.Second)
 	cfg.Faults = slices.DeleteFunc(slices.Clone(allFaults), func(f string) bool { return f == faultRestart })
+	res := runTorture(t, cfg)
+	require.False(t, res.Failed(), "violations: see the report above; replay the faults with %s=%d", seedEnv, cfg.Seed)
+}
+
+// mutateEnv names a mutation for TestTortureMutation.
+const mutateEnv = "PGLOCK_TORTURE_MUTATE"
+
+// TestTortureMutation runs the torture test with an old behaviour restored in the
+// workers (PGLOCK_TORTURE_MUTATE=old-close, old-renewal, old-acquire or old-deadline)
+// and only the fault that walks its path, for 30 s, and requires the invariant the
+// mutation names to fail: the checker sees it in a real run, not only in the
+// histories of TestCheckerCatchesTheOldBehaviours. It runs only when asked.
+func TestTortureMutation(t *testing.T) {
+	name := os.Getenv(mutateEnv)
+	if name == "" {
+		t.Skip(mutateEnv + " names no mutation")
+	}
+	m, ok := mutations[name]
+	require.True(t, ok, "%s=%s: no such mutation", mutateEnv, name)
+	cfg := tortureConfig(t, 30*time.Second)
+	cfg.Mutate, cfg.Faults = name, nil
+	if m.Fault != "" {
+		cfg.Faults = []string{m.Fault}
+	}
+	res := runTorture(t, cfg)
+	require.Positive(t, res.Violations[m.Invariant], "mutation %s: invariant %d (%s) held", name, m.Invariant, invariantNames[m.Invariant])
+}
+
+// tortureConfig is the CI configuration: 3 workers for d, or PGLOCK_TORTURE_DURATION,
+// on a database of the test's own, with a seed of the clock's or PGLOCK_TORTURE_SEED.
+func tortureConfig(t *testing.T, d time.Duration) Config {
+	t.Helper()
+	cfg := defaultConfig()
+	cfg.Workers, cfg.Duration = 3, d
 	var err error
 	if s := os.Getenv(durationEnv); s != "" {
 		cfg.Duration, err = time.ParseDuration(s)
@@ -52,8 +86,13 @@ func TestTorture(t *testing.T) {
 	cfg.DatabaseURL = pglocktest.PostgresURL(t)
 	cfg.Dir = t.TempDir()
 	cfg.Log = testLog{t}
-	cfg.Command = "go test ./internal/torture -run TestTorture (" + seedEnv + "=" + strconv.FormatUint(cfg.Seed, 10) + ")"
+	cfg.Command = "go test ./internal/torture -run " + t.Name() + " (" + seedEnv + "=" + strconv.FormatUint(cfg.Seed, 10) + ")"
+	return cfg
+}
 
+// runTorture builds the workers, runs cfg and logs the report.
+func runTorture(t *testing.T, cfg Config) *Result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), cfg.Duration+3*time.Minute)
 	defer cancel()
 	// The workers are built without -race: five race-instrumented processes would
@@ -66,7 +105,7 @@ func TestTorture(t *testing.T) {
 	res, err := run(ctx, cfg)
 	require.NoError(t, err)
 	t.Logf("run and check took %v\n%s", time.Since(start).Round(time.Second), summary(res))
-	require.False(t, res.Failed(), "violations: see the report above; replay the faults with %s=%d", seedEnv, cfg.Seed)
+	return res
 }
 
 type testLog struct{ t *testing.T }
@@ -293,4 +332,205 @@ func baseline() *History {
 	lease(jobLeaseKey, "", 6, 9500, 9999)
 	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 	return h
+}
+
+// Each old behaviour that the issue "Keep the lease's promise on every path" fixed, as
+// a mutation of a clean history of the four paths, breaks exactly the invariant its
+// worker mutation (-mutate) names.
+func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
+	t.Parallel()
+	clean := check(paths(baseline()))
+	require.False(t, clean.Failed(), "the paths' history is clean: %v", clean.Details)
+	st := clean.Stats
+	require.Equal(t, 2, st.Sections)
+	require.Equal(t, 1, st.SectionCancels[cancelClosed])
+	require.Equal(t, 1, st.LongTxs)
+	require.Equal(t, 1, st.LongTxsRenewed)
+	require.Equal(t, 1, st.Ghosts)
+	require.Zero(t, st.GhostsExpired)
+	require.Equal(t, []time.Duration{120 * time.Millisecond}, st.GhostTime)
+	require.ElementsMatch(t, []time.Duration{-100 * time.Millisecond, -200 * time.Millisecond}, st.Lateness, "the two-ttl pair, each by its own expiry")
+
+	cases := map[string]func(h *History){
+		// Close handed the key back while the section, its ctx cancelled, went on.
+		mutOldClose: func(h *History) {
+			for i, r := range h.Records {
+				if r.F == fSection && r.Type == typeOK && r.Token == 1 {
+					h.Records[i].Local = at(420) // released at 300; w2.1 took k0 at 310
+				}
+			}
+		},
+		// The batched renewal waited on the transaction's row lock: both locks lost.
+		mutOldRenewal: func(h *History) {
+			h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool {
+				return (l.Token == 20 || l.Token == 21) && (l.Owner == "" || l.At.After(at(6400)))
+			})
+			for i, r := range h.Records {
+				if r.F == fRelease && r.Type == typeOK && (r.Token == 20 || r.Token == 21) {
+					h.Records[i].Type, h.Records[i].Reason = typeFail, pglock.ReasonExpired
+				}
+			}
+			h.Records = append(h.Records,
+				Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "other/w2.1", Token: 20, Local: at(7233)},
+				Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "k1", Token: 21, Local: at(7243)})
+		},
+		// TryAcquire gave up in flight and handed nothing back.
+		mutOldAcquire: func(h *History) {
+			h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
+		},
+		// The short lock's ctx was cancelled only when the long one's call returned.
+		mutOldDeadline: func(h *History) {
+			for i, r := range h.Records {
+				if r.F == fCtxLost && r.Token == 40 {
+					h.Records[i].Local = at(8200) // its lease expired at 7333; the lost event stays on time
+				}
+			}
+		},
+	}
+	require.ElementsMatch(t, slices.Collect(maps.Keys(mutations)), slices.Collect(maps.Keys(cases)), "a case for every mutation")
+	for name, mutate := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := paths(baseline())
+			mutate(h)
+			r := check(h)
+			t.Log(r.Details[mutations[name].Invariant])
+			requireOnly(t, r, mutations[name].Invariant)
+		})
+	}
+}
+
+// A fault on the worker excuses what the old behaviours would be blamed for: a lost
+// lock in a long transaction, a ghost left to expire; a slow link does not.
+func TestCheckerExcusesFaultedPathsOnly(t *testing.T) {
+	t.Parallel()
+	h := paths(baseline())
+	h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: string(pglock.EventLost), Key: "other/w2.1", Token: 20, Local: at(7000)})
+	r := check(h)
+	require.Equal(t, 1, r.Violations[invRenew], "%v", r.Details)
+	require.Equal(t, 1, r.Violations[invGhost], "under a delay: %v", r.Details)
+
+	h.Faults = append(h.Faults, Fault{Kind: faultTerminate, Target: "w2.1", Start: at(6500), End: at(6500)},
+		Fault{Kind: faultPartition, Target: "w2.1", Start: at(8300), End: at(8600)})
+	r = check(h)
+	require.False(t, r.Failed(), "%v", r.Details)
+	require.Equal(t, 1, r.Stats.LongTxsExcused)
+	require.Equal(t, 1, r.Stats.GhostsExcused)
+}
+
+func TestSectionOpenReadsTheHistoryTail(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "history-w1.1.jsonl")
+	require.False(t, sectionOpen(path), "no file")
+	h, err := openHistory(path, "w1.1")
+	require.NoError(t, err)
+	h.add(Record{Type: typeInvoke, F: fSection, Key: "k0", Token: 1})
+	h.add(Record{Type: typeOK, F: fSection, Key: "k0", Token: 1})
+	require.False(t, sectionOpen(path))
+	h.add(Record{Type: typeInvoke, F: fSection, Key: "k0", Token: 2})
+	for range 20 {
+		h.add(Record{Type: typeInvoke, F: fTick, Key: jobLeaseKey})
+	}
+	require.True(t, sectionOpen(path))
+	require.NoError(t, h.close())
+}
+
+// requireOnly requires r to break invariant inv, and no other.
+func requireOnly(t *testing.T, r *Result, inv int) {
+	t.Helper()
+	for i, n := range r.Violations {
+		if i == inv {
+			require.Positive(t, n, "invariant %d not violated", i)
+		} else {
+			require.Zero(t, n, "invariant %d violated too: %v", i, r.Details[i])
+		}
+	}
+}
+
+// paths adds to baseline the four paths of the issue "Keep the lease's promise on every
+// path", each as the fixed library walks it: w1.1's and w2.1's turns on k0 are
+// WithLock sections, w1.1's cancelled by Close at 290 and returned before the release
+// at 300; w2.1 holds other/w2.1 and k1 through a fenced transaction open from 6020 to
+// 7400, both renewed; a probe of w2.1 gives up in flight under a slow link at 8010 and
+// the client hands back, at 8120, what the database granted at 8000; w1.1 holds a lock
+// of 1 s and one of 2 s through a partition from 6500, and each ctx is cancelled at its
+// own deadline, 100 and 200 ms before its expiry.
+func paths(h *History) *History {
+	rec := func(r Record) { h.Records = append(h.Records, r) }
+	lease := func(key, owner string, token int64, from, expires int) {
+		h.Leases = append(h.Leases, LeaseRow{ID: int64(len(h.Leases) + 1), Key: key, Owner: owner, Token: token, ExpiresAt: at(expires), At: at(from)})
+	}
+	for _, s := range []struct {
+		w        string
+		token    int64
+		from, to int
+	}{{"w1.1", 1, 102, 295}, {"w2.1", 2, 312, 490}} {
+		rec(Record{Worker: s.w, Type: typeInvoke, F: fSection, Key: "k0", Token: s.token, Local: at(s.from)})
+		rec(Record{Worker: s.w, Type: typeOK, F: fSection, Key: "k0", Token: s.token, Local: at(s.to)})
+	}
+	rec(Record{Worker: "w1.1", Type: typeEvent, F: fCancel, Key: "k0", Token: 1, Reason: cancelClosed, Local: at(200)})
+
+	// The long transaction.
+	held := func(w, key string, token int64, from, ttl int, renewals []int, release int) {
+		owner := w + "/o" + strconv.FormatInt(token, 10)
+		lease(key, owner, token, from, from+ttl)
+		for _, r := range renewals {
+			lease(key, owner, token, r, r+ttl)
+		}
+		if release > 0 {
+			lease(key, "", token, release, renewals[len(renewals)-1]+ttl)
+		}
+		rec(Record{Worker: w, Type: typeEvent, F: string(pglock.EventAcquired), Key: key, Owner: owner, Token: token, Local: at(from + 1)})
+	}
+	held("w2.1", "other/w2.1", 20, 6000, 1000, []int{6333, 6667, 7000, 7333}, 7402)
+	held("w2.1", "k1", 21, 6010, 1000, []int{6343, 6676, 7010, 7343}, 7401)
+	rec(Record{Worker: "w2.1", Type: typeInvoke, F: fLongTx, Op: "w2.1-20", Key: "k1", Token: 21, Local: at(6011)})
+	rec(Record{Worker: "w2.1", Type: typeInvoke, F: fLongTx, Op: "w2.1-20", Key: "other/w2.1", Token: 20, Local: at(6011)})
+	rec(Record{Worker: "w2.1", Type: typeOK, F: fLongTx, Op: "w2.1-20", Key: "k1", Token: 21, Local: at(7400)})
+	for _, tok := range []int64{21, 20} {
+		rec(Record{Worker: "w2.1", Type: typeInvoke, F: fRelease, Token: tok, Local: at(7400)})
+		rec(Record{Worker: "w2.1", Type: typeOK, F: fRelease, Token: tok, Local: at(7403)})
+	}
+
+	// The probe under a slow link.
+	h.Faults = append(h.Faults, Fault{Kind: faultDelay, Target: "w2.1", Start: at(7900), End: at(8500), Detail: "80ms each way"})
+	rec(Record{Worker: "w2.1", Type: typeInvoke, F: fProbe, Key: "probe/w2.1", Local: at(7990)})
+	rec(Record{Worker: "w2.1", Type: typeFail, F: fProbe, Key: "probe/w2.1", Start: at(7990), Local: at(8010), Err: "context deadline exceeded"})
+	lease("probe/w2.1", "w2.1/p", 30, 8000, 9000)
+	lease("probe/w2.1", "", 30, 8120, 9000)
+
+	// Two ttls through a partition.
+	h.Faults = append(h.Faults, Fault{Kind: faultPartition, Target: "w1.1", Start: at(6500), End: at(8500)})
+	held("w1.1", "short/w1.1", 40, 6000, 1000, []int{6333}, 0)
+	held("w1.1", "long/w1.1", 41, 6000, 2000, []int{6400}, 0)
+	for _, l := range []struct {
+		key      string
+		token    int64
+		deadline int
+	}{{"short/w1.1", 40, 7233}, {"long/w1.1", 41, 8200}} {
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: fCtxLost, Key: l.key, Token: l.token, Local: at(l.deadline)})
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventLost), Key: l.key, Token: l.token, Local: at(l.deadline + 1)})
+		rec(Record{Worker: "w1.1", Type: typeInvoke, F: fRelease, Key: l.key, Token: l.token, Local: at(9000)})
+		rec(Record{Worker: "w1.1", Type: typeFail, F: fRelease, Key: l.key, Token: l.token, Local: at(9001), Reason: pglock.ReasonExpired})
+	}
+	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
+	return h
+}
+
+// An acquisition that writes its lock row twice in one transaction (a placeholder token,
+// then the real one) is one lease: no one else could see the first.
+func TestCheckerOneLeasePerTransaction(t *testing.T) {
+	t.Parallel()
+	twice := func(xact int64) *History {
+		h := baseline()
+		i := slices.IndexFunc(h.Leases, func(l LeaseRow) bool { return l.Key == "k0" && l.Token == 2 && l.Owner != "" })
+		placeholder := h.Leases[i]
+		placeholder.Token = 1
+		h.Leases[i].Xact, placeholder.Xact = xact, xact
+		h.Leases = slices.Insert(h.Leases, i, placeholder)
+		return h
+	}
+	r := check(twice(42))
+	require.False(t, r.Failed(), "%v", r.Details)
+	require.Positive(t, check(twice(0)).Violations[invOverlap], "without the transaction, the placeholder is a lease of its own")
 }

@@ -57,12 +57,13 @@ type workerConfig struct {
 	tick    time.Duration
 	burn    time.Duration
 	seed    uint64
+	mutate  string // an old behaviour to restore, to show the checker catches it (see mutations)
 }
 
 func (c workerConfig) args() []string {
 	return []string{"worker", "-id", c.id, "-db", c.db, "-dial", c.dial, "-history", c.history,
 		"-keys", strconv.Itoa(c.keys), "-ttl", c.ttl.String(), "-think", c.think.String(),
-		"-tick", c.tick.String(), "-burn", c.burn.String(), "-seed", strconv.FormatUint(c.seed, 10)}
+		"-tick", c.tick.String(), "-burn", c.burn.String(), "-seed", strconv.FormatUint(c.seed, 10), "-mutate", c.mutate}
 }
 
 func parseWorkerFlags(args []string) (workerConfig, error) {
@@ -78,11 +79,15 @@ func parseWorkerFlags(args []string) (workerConfig, error) {
 	fs.DurationVar(&c.tick, "tick", 50*time.Millisecond, "the job's schedule")
 	fs.DurationVar(&c.burn, "burn", time.Second, "how long SIGUSR1 burns the CPU")
 	fs.Uint64Var(&c.seed, "seed", 0, "the random seed")
+	fs.StringVar(&c.mutate, "mutate", "", "an old behaviour to restore (see -mutate of the controller)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if c.id == "" || c.db == "" || c.dial == "" || c.history == "" || c.keys < 1 {
 		return c, errors.New("worker: -id, -db, -dial, -history and -keys >= 1 are required")
+	}
+	if err := checkMutation(c.mutate); err != nil {
+		return c, err
 	}
 	return c, nil
 }
@@ -95,6 +100,9 @@ type worker struct {
 	h      *historyWriter
 	rng    *rand.Rand // the lock loop's only
 	ops    atomic.Int64
+	// inSection is the lock of the WithLock section running now, if any: the one the
+	// old-close mutation hands back under it.
+	inSection atomic.Pointer[pglock.Lock]
 }
 
 // runWorker runs a worker until SIGTERM or SIGINT, then shuts its client down cleanly.
@@ -143,31 +151,59 @@ func runWorker(args []string) error {
 	h.add(Record{Type: typeEvent, F: fStart, Reason: "pid " + strconv.Itoa(os.Getpid())})
 
 	err = w.run(ctx)
-	closeCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = errors.Join(err, w.client.Close(closeCtx))
 	h.add(Record{Type: typeEvent, F: fStop})
 	return errors.Join(err, h.close())
 }
 
 func appName(id string) string { return "pglock-torture/" + id }
 
-// run starts the election, the job's ticks, the lock loop and the CPU burner, until
-// ctx ends.
+// closeTimeout bounds the worker's Client.Close.
+const closeTimeout = 10 * time.Second
+
+// run starts the election, the job's ticks, the lock loop, the two-ttl holder, the
+// probes and the CPU burner. When ctx ends it closes the client while they still run,
+// as a service does on SIGTERM (a WithLock section may be half done: Close must wait
+// for it), then waits for them.
 func (w *worker) run(ctx context.Context) error {
 	if _, err := w.client.Elect(leaderKey, pglock.Leader{OnAcquired: w.onAcquired, OnLost: w.onLost}); err != nil {
-		return err
+		return errors.Join(err, w.close(ctx))
 	}
 	job, err := w.client.Job(jobKey, w.tickRun, pglock.OnOneInstance())
 	if err != nil {
-		return err
+		return errors.Join(err, w.close(ctx))
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ticks(ctx, job) })
 	wg.Go(func() { w.burner(ctx) })
-	w.lockLoop(ctx)
+	wg.Go(func() { w.lockLoop(ctx) })
+	wg.Go(func() { w.twoTTLs(ctx) })
+	wg.Go(func() { w.probes(ctx) })
+	<-ctx.Done()
+	w.mutateOnClose()
+	err = w.close(ctx)
 	wg.Wait()
-	return nil
+	return err
+}
+
+func (w *worker) close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	return w.client.Close(ctx)
+}
+
+// mutateOnClose, under the old-close mutation, hands back the key of the WithLock
+// section in progress, as Close did before it waited for the section to return.
+func (w *worker) mutateOnClose() {
+	l := w.inSection.Load()
+	if w.cfg.mutate != mutOldClose || l == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	var ok bool
+	err := w.pool.QueryRow(ctx, "SELECT pglock.lock_release($1, $2)", l.Key(), l.Owner()).Scan(&ok)
+	w.h.add(with(Record{Type: typeEvent, F: fMutate, Key: l.Key(), Owner: l.Owner(), Token: l.Token(),
+		Reason: mutOldClose + ": handed back under a running section: " + strconv.FormatBool(ok)}, typeEvent, time.Time{}, err))
 }
 
 func (w *worker) op() string {
@@ -184,41 +220,345 @@ func (w *worker) event(ev pglock.Event) {
 	}
 }
 
-// lockLoop takes one of the keys, does a read-modify-write of that key's counter in
-// the three tables under the lock, and releases it, until ctx ends.
+// lockLoop takes one of the keys and does read-modify-writes of that key's counter in
+// the three tables under the lock, until ctx ends: with Acquire and Release, or in a
+// WithLock section; and every 4 to 8 ttl in a fenced transaction held open past the ttl.
 func (w *worker) lockLoop(ctx context.Context) {
+	longTx := time.Now().Add(between(w.rng, 2*w.cfg.ttl, 6*w.cfg.ttl))
 	for ctx.Err() == nil {
 		key := "k" + strconv.Itoa(w.rng.IntN(w.cfg.keys))
-		start := time.Now()
-		w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
-		l, err := w.client.Acquire(ctx, key, pglock.Wait(5*w.cfg.ttl))
+		switch {
+		case time.Now().After(longTx):
+			w.longTx(ctx, key)
+			longTx = time.Now().Add(between(w.rng, 4*w.cfg.ttl, 8*w.cfg.ttl))
+		case w.rng.IntN(2) == 0:
+			w.withLock(ctx, key)
+		default:
+			w.acquireRelease(ctx, key)
+		}
+	}
+}
+
+// acquire takes key with Acquire and records the attempt.
+func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.LockOption) (*pglock.Lock, error) {
+	start := time.Now()
+	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
+	l, err := w.client.Acquire(ctx, key, opts...)
+	if err != nil {
+		w.acquireFailed(ctx, key, start, err)
+		return nil, err
+	}
+	w.h.add(Record{Type: typeOK, F: fAcquire, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+	return l, nil
+}
+
+func (w *worker) acquireFailed(ctx context.Context, key string, start time.Time, err error) {
+	w.h.add(Record{Type: typeFail, F: fAcquire, Key: key, Start: start, Err: err.Error()})
+	if !errors.Is(err, pglock.ErrNotAcquired) {
+		sleep(ctx, 50*time.Millisecond) // the database is away: don't spin
+	}
+}
+
+// release gives l back and records it.
+func (w *worker) release(l *pglock.Lock) {
+	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()})
+	w.h.add(released(l, l.Release(context.Background())))
+}
+
+// released is the completion record of l's release, which returned err.
+func released(l *pglock.Lock, err error) Record {
+	r := Record{Type: typeOK, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}
+	if err != nil {
+		r.Type, r.Err = typeFail, err.Error()
+		var lost *pglock.LockLostError
+		if errors.As(err, &lost) {
+			r.Reason = lost.Reason
+		}
+	}
+	return r
+}
+
+// watch records when l's Context is cancelled for a loss (a *LockLostError): the
+// moment the holder learns of it, which the checker holds against the lease's expiry.
+func (w *worker) watch(l *pglock.Lock) (stop func() bool) {
+	return context.AfterFunc(l.Context(), func() { w.lostCtx(l) })
+}
+
+func (w *worker) lostCtx(l *pglock.Lock) {
+	if cause := context.Cause(l.Context()); errors.Is(cause, pglock.ErrLockLost) {
+		w.h.add(Record{Type: typeEvent, F: fCtxLost, Key: l.Key(), Owner: l.Owner(), Token: l.Token(), Reason: cause.Error()})
+	}
+}
+
+// acquireRelease is a critical section between Acquire and Release.
+func (w *worker) acquireRelease(ctx context.Context, key string) {
+	l, err := w.acquire(ctx, key, pglock.Wait(5*w.cfg.ttl))
+	if err != nil {
+		return
+	}
+	unwatch := w.watch(l)
+	w.critical(l)
+	w.release(l)
+	unwatch()
+}
+
+// withLock runs a WithLock section on key (see section). Its ctx is not the worker's:
+// only Close, or a loss, cancels the section, as in a service whose work in hand
+// outlives the signal that starts its shutdown.
+func (w *worker) withLock(ctx context.Context, key string) {
+	start := time.Now()
+	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
+	var (
+		l       *pglock.Lock
+		unwatch = func() bool { return false }
+	)
+	err := w.client.WithLock(context.WithoutCancel(ctx), key, func(ctx context.Context) error {
+		l, _ = pglock.FromContext(ctx)
+		w.h.add(Record{Type: typeOK, F: fAcquire, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+		unwatch = w.watch(l)
+		w.section(ctx, l)
+		return nil
+	}, pglock.Wait(5*w.cfg.ttl))
+	if l == nil {
+		w.acquireFailed(ctx, key, start, err)
+		return
+	}
+	w.h.add(released(l, err))
+	unwatch()
+}
+
+// section is a WithLock function: one to three read-modify-writes. When its ctx is
+// cancelled on the way (Close, a loss), it records why and goes on working for ttl/5 to
+// ttl/3 more, as a function finishing the work in hand does before it returns; the
+// fences refuse its writes once the lock is gone. The lock must not be handed back
+// before it returns (invariant 2): its last record is the section's end.
+func (w *worker) section(ctx context.Context, l *pglock.Lock) {
+	base := Record{F: fSection, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}
+	w.h.add(with(base, typeInvoke, time.Time{}, nil))
+	w.inSection.Store(l)
+	for range 1 + w.rng.IntN(3) {
+		if ctx.Err() != nil {
+			break
+		}
+		w.critical(l)
+	}
+	if ctx.Err() != nil {
+		cause := context.Cause(ctx)
+		r := with(base, typeEvent, time.Time{}, cause)
+		r.F, r.Reason = fCancel, causeKind(cause)
+		w.h.add(r)
+		for until := time.Now().Add(between(w.rng, w.cfg.ttl/5, w.cfg.ttl/3)); time.Now().Before(until); {
+			w.critical(l)
+		}
+	}
+	w.inSection.Store(nil)
+	w.h.add(with(base, typeOK, time.Time{}, nil))
+	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}) // WithLock's, next
+}
+
+// Why a WithLock section's ctx was cancelled, in the Reason of its fCancel record.
+const (
+	cancelClosed = "closed" // errors.Is(cause, pglock.ErrClosed): Close
+	cancelLost   = "lost"   // a *LockLostError
+	cancelOther  = "other"
+)
+
+func causeKind(cause error) string {
+	switch {
+	case errors.Is(cause, pglock.ErrClosed):
+		return cancelClosed
+	case errors.Is(cause, pglock.ErrLockLost):
+		return cancelLost
+	}
+	return cancelOther
+}
+
+// longTx holds a lock of its own, then key's, and writes key's lock-fenced counter in a
+// transaction kept open for 1.2 to 1.6 ttl after its FenceHeld write (whose row lock on
+// key's lock row lasts as long). The client must go on renewing both locks meanwhile:
+// a transaction of its own may not cost it a lock (invariant 7).
+func (w *worker) longTx(ctx context.Context, key string) {
+	other, err := w.acquire(ctx, "other/"+w.cfg.id, pglock.Wait(w.cfg.ttl))
+	if err != nil {
+		return
+	}
+	unwatchOther := w.watch(other)
+	defer func() {
+		w.release(other)
+		unwatchOther()
+	}()
+	l, err := w.acquire(ctx, key, pglock.Wait(5*w.cfg.ttl))
+	if err != nil {
+		return
+	}
+	unwatch := w.watch(l)
+	defer func() {
+		w.release(l)
+		unwatch()
+	}()
+	op := w.op()
+	for _, x := range []*pglock.Lock{l, other} {
+		w.h.add(Record{Type: typeInvoke, F: fLongTx, Op: op, Key: x.Key(), Owner: x.Owner(), Token: x.Token()})
+	}
+	hold := between(w.rng, 6*w.cfg.ttl/5, 8*w.cfg.ttl/5)
+	w.fencedTx(l, other, hold)
+	w.h.add(Record{Type: typeOK, F: fLongTx, Op: op, Key: l.Key(), Owner: l.Owner(), Token: l.Token(),
+		Reason: "open for " + hold.Round(time.Millisecond).String() + " after the write"})
+}
+
+// fencedTx reads l's lock-fenced counter and writes it +1 with FenceHeld in one
+// transaction, which it keeps open for hold before it commits.
+func (w *worker) fencedTx(l, other *pglock.Lock, hold time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout+hold)
+	defer cancel()
+	r := rmw{table: tableLock, op: w.op()}
+	read := Record{F: fRead, Table: r.table, Key: l.Key(), Op: r.op, Token: l.Token()}
+	w.h.add(with(read, typeInvoke, time.Time{}, nil))
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		w.h.add(with(read, typeUnknown, time.Time{}, err))
+		return
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // after the commit, a no-op
+	var at time.Time
+	if err := tx.QueryRow(ctx, "SELECT value, clock_timestamp() FROM torture.lock_fenced WHERE key = $1", l.Key()).Scan(&r.value, &at); err != nil {
+		w.h.add(with(read, typeUnknown, time.Time{}, err))
+		return
+	}
+	read.Read = r.value
+	w.h.add(with(read, typeOK, at, nil))
+	if w.cfg.mutate == mutOldRenewal {
+		// What the old batched renewal waited on: the transaction's row locks on the
+		// rows of the client's locks.
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM pglock.locks WHERE key = ANY($1) FOR SHARE", []string{l.Key(), other.Key()}); err != nil {
+			w.h.add(Record{Type: typeEvent, F: fMutate, Key: l.Key(), Token: l.Token(), Reason: mutOldRenewal, Err: err.Error()})
+			return
+		}
+	}
+	q, args, err := pglock.FenceHeld("UPDATE torture.lock_fenced SET value = $1, token = $2, op = $3 WHERE key = $4 RETURNING clock_timestamp()",
+		l.Key(), l.Token(), r.value+1, l.Token(), r.op, l.Key())
+	if err != nil {
+		panic(err) // a constant query: a bug
+	}
+	base := Record{F: fWrite, Table: r.table, Key: l.Key(), Op: r.op, Token: l.Token(), Read: r.value, Wrote: r.value + 1}
+	w.h.add(with(base, typeInvoke, time.Time{}, nil))
+	switch err := tx.QueryRow(ctx, q, args...).Scan(&at); {
+	case errors.Is(err, pgx.ErrNoRows):
+		w.h.add(with(base, typeFail, time.Time{}, nil))
+		return
+	case err != nil:
+		w.h.add(with(base, typeUnknown, time.Time{}, err))
+		return
+	}
+	sleep(ctx, hold)
+	if err := tx.Commit(ctx); err != nil {
+		w.h.add(with(base, typeUnknown, at, err))
+		return
+	}
+	w.h.add(with(base, typeOK, at, nil))
+}
+
+// twoTTLs holds, again and again for 2 to 4 ttl, a lock of the client's ttl and one of
+// twice it. When the link goes silent (a partition), each must be given up by its own
+// deadline: the short one's ctx is not to wait for the long one's renewal (invariant 3).
+func (w *worker) twoTTLs(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(w.cfg.seed, 2))
+	for ctx.Err() == nil {
+		short, err := w.acquire(ctx, "short/"+w.cfg.id, pglock.TTL(w.cfg.ttl), pglock.Wait(2*w.cfg.ttl))
 		if err != nil {
-			w.h.add(Record{Type: typeFail, F: fAcquire, Key: key, Start: start, Err: err.Error()})
-			if !errors.Is(err, pglock.ErrNotAcquired) {
-				sleep(ctx, 50*time.Millisecond) // the database is away: don't spin
-			}
 			continue
 		}
-		w.h.add(Record{Type: typeOK, F: fAcquire, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
-		unwatch := context.AfterFunc(l.Context(), func() {
-			if cause := context.Cause(l.Context()); errors.Is(cause, pglock.ErrLockLost) {
-				w.h.add(Record{Type: typeEvent, F: fCtxLost, Key: key, Owner: l.Owner(), Token: l.Token(), Reason: cause.Error()})
-			}
-		})
-		w.critical(l)
-		w.h.add(Record{Type: typeInvoke, F: fRelease, Key: key, Owner: l.Owner(), Token: l.Token()})
-		if err := l.Release(ctx); err != nil {
-			r := Record{Type: typeFail, F: fRelease, Key: key, Owner: l.Owner(), Token: l.Token(), Err: err.Error()}
-			var lost *pglock.LockLostError
-			if errors.As(err, &lost) {
-				r.Reason = lost.Reason
-			}
-			w.h.add(r)
-		} else {
-			w.h.add(Record{Type: typeOK, F: fRelease, Key: key, Owner: l.Owner(), Token: l.Token()})
+		unwatchShort := func() bool { return false }
+		long, err := w.acquire(ctx, "long/"+w.cfg.id, pglock.TTL(2*w.cfg.ttl), pglock.Wait(3*w.cfg.ttl))
+		if err == nil {
+			unwatchShort = w.watchShort(short, long)
+			unwatchLong := w.watch(long)
+			sleep(ctx, between(rng, 2*w.cfg.ttl, 4*w.cfg.ttl))
+			w.release(long)
+			unwatchLong()
 		}
-		unwatch()
+		w.release(short)
+		unwatchShort()
 	}
+}
+
+// watchShort watches the short lock of twoTTLs. Under the old-deadline mutation its
+// loss is recorded only once the long lock's ctx has ended too, as when the old
+// renewer's call for the long lock held up the short one's deadline.
+func (w *worker) watchShort(short, long *pglock.Lock) (stop func() bool) {
+	if w.cfg.mutate != mutOldDeadline {
+		return w.watch(short)
+	}
+	return context.AfterFunc(short.Context(), func() {
+		<-long.Context().Done()
+		w.lostCtx(short)
+	})
+}
+
+// probeTimeout bounds a probe: shorter than the delay fault's smallest delay, so that
+// under it every probe gives up while its statement is on the wire.
+func probeTimeout(ttl time.Duration) time.Duration { return ttl / 50 }
+
+// probes tries, every ttl/8 to ttl/2, one of the keys or a key of its own (always
+// free) with TryAcquire on a ctx of probeTimeout. Through a slow link the ctx ends with
+// the statement in flight, and the database may grant the key all the same: the client
+// must hand back whatever it may have been granted (invariant 8).
+func (w *worker) probes(ctx context.Context) {
+	rng := rand.New(rand.NewPCG(w.cfg.seed, 3))
+	for sleep(ctx, between(rng, w.cfg.ttl/8, w.cfg.ttl/2)) {
+		key := "probe/" + w.cfg.id
+		if rng.IntN(2) == 0 {
+			key = "k" + strconv.Itoa(rng.IntN(w.cfg.keys))
+		}
+		w.probe(ctx, key)
+	}
+}
+
+func (w *worker) probe(ctx context.Context, key string) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout(w.cfg.ttl))
+	defer cancel()
+	start := time.Now()
+	w.h.add(Record{Type: typeInvoke, F: fProbe, Key: key, Local: start})
+	if w.cfg.mutate == mutOldAcquire {
+		w.probeSQL(ctx, key, start)
+		return
+	}
+	l, err := w.client.TryAcquire(ctx, key)
+	if err != nil {
+		w.h.add(Record{Type: typeFail, F: fProbe, Key: key, Start: start, Err: err.Error()})
+		return
+	}
+	w.h.add(Record{Type: typeOK, F: fProbe, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+	unwatch := w.watch(l)
+	w.release(l)
+	unwatch()
+}
+
+// probeSQL is a probe under the old-acquire mutation: pglock.lock_acquire called
+// directly, handing nothing back when ctx ends first, as the old TryAcquire did.
+func (w *worker) probeSQL(ctx context.Context, key string, start time.Time) {
+	owner := w.cfg.id + "/probe-" + strconv.FormatInt(w.ops.Add(1), 10)
+	var token *int64
+	err := w.pool.QueryRow(ctx, "SELECT pglock.lock_acquire($1, $2, $3)", key, owner, w.cfg.ttl.Milliseconds()).Scan(&token)
+	switch {
+	case err != nil:
+		w.h.add(Record{Type: typeFail, F: fProbe, Key: key, Owner: owner, Start: start, Err: err.Error()})
+		return
+	case token == nil:
+		w.h.add(Record{Type: typeFail, F: fProbe, Key: key, Owner: owner, Start: start, Err: pglock.ErrNotAcquired.Error()})
+		return
+	}
+	w.h.add(Record{Type: typeOK, F: fProbe, Key: key, Owner: owner, Token: *token, Start: start})
+	base := Record{F: fRelease, Key: key, Owner: owner, Token: *token}
+	w.h.add(with(base, typeInvoke, time.Time{}, nil))
+	rctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	var ok bool
+	if err := w.pool.QueryRow(rctx, "SELECT pglock.lock_release($1, $2)", key, owner).Scan(&ok); err != nil || !ok {
+		w.h.add(with(base, typeFail, time.Time{}, err))
+		return
+	}
+	w.h.add(with(base, typeOK, time.Time{}, nil))
 }
 
 // rmw is one table's read-modify-write in a critical section.
@@ -394,6 +734,11 @@ func (w *worker) burner(ctx context.Context) {
 			})
 		}
 	}
+}
+
+// between draws a duration in [lo, hi).
+func between(rng *rand.Rand, lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(rng.Int64N(int64(hi-lo)))
 }
 
 // sleep waits d or until ctx ends, and reports whether d passed.
