@@ -1,6 +1,7 @@
 package pglock_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -513,63 +514,121 @@ func BenchmarkPrune(b *testing.B) {
 	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
 }
 
-// BenchmarkAcquireReleaseWhilePruning times TryAcquire + Release of one key, among
-// 1,000 held locks, without (pruner=off) and with (pruner=on) a goroutine calling
-// Prune(ctx, 0) back to back: the worst a pruner can do, since it deletes the key's row
-// after most releases, so that the next acquisition inserts it again, or meets it
-// locked by the prune and loses (lost/op; the op retries). The ratio of the two ns/op
-// is the pruner's cost; prunes/s says how hard it pushed.
-func BenchmarkAcquireReleaseWhilePruning(b *testing.B) {
-	for _, pruner := range []string{"off", "on"} {
-		b.Run("pruner="+pruner, func(b *testing.B) {
-			ctx := b.Context()
-			pool := pglocktest.Postgres(b)
-			c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
-			seedLocks(b, pool, 1000)
-			var lost int
-			acquireRelease := func() error {
-				for {
-					l, err := c.TryAcquire(ctx, "bench:pruned")
-					if errors.Is(err, pglock.ErrNotAcquired) {
-						lost++
-						continue
-					}
-					if err != nil {
-						return err
-					}
-					return l.Release(ctx)
+// pruner deletes rows released two hours ago, 100 a statement (lock_prune), while its
+// mode is pruning, and inserts 20,000 more whenever none is left, so that it always has
+// work. In mode deleting it does the same to a plain table of the same shape, with a
+// plain DELETE: the same load on the server without pglock.locks. The ops of
+// BenchmarkWhilePruning set the mode for their own turns only: one statement, well
+// under a millisecond, may run into the next op's turn.
+type pruner struct {
+	mu   sync.Mutex
+	cond *sync.Cond
+	mode string // "", "pruning", "deleting"
+	stop bool
+	rows atomic.Int64
+}
+
+func startPruner(b *testing.B, pool *pgxpool.Pool) *pruner {
+	p := &pruner{}
+	p.cond = sync.NewCond(&p.mu)
+	ctx := context.WithoutCancel(b.Context()) // b's ends before its cleanups run
+	_, err := pool.Exec(ctx, `CREATE TABLE bench_dead (key text PRIMARY KEY, owner text,
+		fencing_token bigint NOT NULL, expires_at timestamptz NOT NULL) WITH (fillfactor = 50)`)
+	require.NoError(b, err)
+	work := map[string][2]string{
+		"pruning": {"SELECT pglock.lock_prune(3600000, 100)", "pglock.locks"},
+		"deleting": {`WITH d AS (DELETE FROM bench_dead WHERE key IN (SELECT key FROM bench_dead
+			WHERE owner IS NULL AND expires_at < clock_timestamp() - interval '1 hour'
+			LIMIT 100 FOR UPDATE SKIP LOCKED) RETURNING 1) SELECT count(*) FROM d`, "bench_dead"},
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			p.mu.Lock()
+			for p.mode == "" && !p.stop {
+				p.cond.Wait()
+			}
+			mode, stop := p.mode, p.stop
+			p.mu.Unlock()
+			if stop {
+				return
+			}
+			var n int64
+			if err := pool.QueryRow(ctx, work[mode][0]).Scan(&n); err != nil {
+				b.Error(err)
+				return
+			}
+			p.rows.Add(n)
+			if n == 0 {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+work[mode][1]+` (key, owner, fencing_token, expires_at)
+					SELECT 'dead:' || gen_random_uuid(), NULL, nextval('pglock.fencing_token_seq'),
+					       clock_timestamp() - interval '2 hours'
+					FROM generate_series(1, 20000)`); err != nil {
+					b.Error(err)
+					return
 				}
 			}
-			for range 10 { // warm up the pool's connection and its prepared statements
-				require.NoError(b, acquireRelease())
-			}
-			var prunes atomic.Int64
-			stop := make(chan struct{})
-			var wg sync.WaitGroup
-			if pruner == "on" {
-				wg.Go(func() {
-					for {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						if _, err := c.Prune(ctx, 0); err != nil {
-							b.Error(err)
-							return
-						}
-						prunes.Add(1)
+		}
+	}()
+	b.Cleanup(func() {
+		p.mu.Lock()
+		p.stop = true
+		p.cond.Broadcast()
+		p.mu.Unlock()
+		<-done
+	})
+	return p
+}
+
+// as returns op run with the background in mode ("" is quiet), named after the mode.
+func (p *pruner) as(mode string, op benchOp) benchOp {
+	op.name = cmp.Or(mode, "quiet")
+	run := op.run
+	op.run = func(ctx context.Context, g int) error {
+		p.mu.Lock()
+		if p.mode != mode {
+			p.mode = mode
+			p.cond.Broadcast()
+		}
+		p.mu.Unlock()
+		return run(ctx, g)
+	}
+	return op
+}
+
+// BenchmarkWhilePruning times what a holder does while another instance prunes: an
+// acquire+release on its own key, and one lock_renew_many of 100 held locks, with a
+// pruner deleting dead rows back to back (ns/op), against the same with the same
+// deletions done to a plain table (vs-deleting: what pruning costs beyond the load any
+// busy writer puts on the server; target within the noise of 1.0) and with nothing in
+// the background (vs-quiet), in alternating turns. pruned-rows/s is the pruner's pace.
+func BenchmarkWhilePruning(b *testing.B) {
+	for _, what := range []string{"acquire+release", "renew100"} {
+		b.Run(what, func(b *testing.B) {
+			url := pglocktest.PostgresURL(b)
+			pool := pglocktest.Pool(b, url, 20)
+			store := pglock.NewPostgresStore(pool)
+			p := startPruner(b, pglocktest.Pool(b, url, 2))
+			var op benchOp
+			if what == "acquire+release" {
+				op = acquireRelease(newClient(b, store, pglock.WithTTL(time.Minute)), 1)
+			} else {
+				keys, owners := seedLocks(b, pool, 100)
+				batch := store.(pglock.BatchRenewer)
+				op = benchOp{goroutines: 1, run: func(ctx context.Context, _ int) error {
+					renewed, err := batch.RenewMany(ctx, keys, owners, time.Hour)
+					if err == nil && len(renewed) != len(keys) {
+						err = fmt.Errorf("renewed %d of %d", len(renewed), len(keys))
 					}
-				})
+					return err
+				}}
 			}
-			lost = 0
-			for b.Loop() {
-				require.NoError(b, acquireRelease())
-			}
-			close(stop)
-			wg.Wait()
-			b.ReportMetric(float64(lost)/float64(b.N), "lost/op")
-			b.ReportMetric(float64(prunes.Load())/b.Elapsed().Seconds(), "prunes/s")
+			ops := []benchOp{p.as("pruning", op), p.as("deleting", op), p.as("", op)}
+			warmUp(b, ops...)
+			total := interleave(b, ops...)
+			reportVs(b, ops, total)
+			b.ReportMetric(float64(p.rows.Load())/(total[0]+total[1]).Seconds(), "deleted-rows/s")
 		})
 	}
 }
