@@ -28,6 +28,14 @@ var (
 	// ErrInvalidToken: a Store answered a fencing token that is not positive. The
 	// store is broken; fencing with such a token would be unsafe.
 	ErrInvalidToken = errors.New("pglock: store returned a fencing token that is not positive")
+	// ErrUnsafeQuery is returned by FenceUpdate, FenceHeld and ExecFenced for a query
+	// they cannot rewrite safely: empty, not a single UPDATE (or DELETE, for FenceHeld),
+	// several statements, WHERE CURRENT OF, a WITH query that writes or has SEARCH or
+	// CYCLE, or text the lexer cannot split with certainty (an unterminated literal,
+	// comment or dollar quote, a NUL byte, invalid UTF-8, a number or parameter running
+	// into a word). The error's text says which. The lexer assumes what pgx requires of
+	// a connection anyway: client_encoding UTF8 and standard_conforming_strings on.
+	ErrUnsafeQuery = errors.New("pglock: query cannot be fenced safely")
 )
 
 // Why a lock was lost, in LockLostError.Reason.

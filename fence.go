@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -23,15 +22,6 @@ import (
 // PostgreSQL's own scanner does, for the constructs that decide where a keyword is:
 // string constants, quoted identifiers, comments, dollar quotes and brackets. Anything
 // it is not sure of is refused, never guessed.
-
-// ErrUnsafeQuery is returned by FenceUpdate, FenceHeld and ExecFenced for a query they
-// cannot rewrite safely: empty, not a single UPDATE (or DELETE, for FenceHeld),
-// several statements, WHERE CURRENT OF, a WITH query that writes or has SEARCH or
-// CYCLE, or text the lexer cannot split with certainty (an unterminated literal,
-// comment or dollar quote, a NUL byte, invalid UTF-8, a number or parameter running
-// into a word). The error's text says which. The lexer assumes what pgx requires of
-// a connection anyway: client_encoding UTF8 and standard_conforming_strings on.
-var ErrUnsafeQuery = errors.New("pglock: query cannot be fenced safely")
 
 // Execer is anything with pgx's Exec: *pgxpool.Pool, *pgx.Conn, pgx.Tx.
 type Execer interface {
