@@ -158,7 +158,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
 			ctx := b.Context()
 			pool := pglocktest.Postgres(b)
-			c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+			c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
 			_, err := pool.Exec(ctx, "CREATE TABLE bench_rows (id int PRIMARY KEY, v bigint NOT NULL)")
 			require.NoError(b, err)
 			_, err = pool.Exec(ctx, "INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, $1) g", goroutines-1)
@@ -201,10 +201,10 @@ func BenchmarkAcquireRelease(b *testing.B) {
 func BenchmarkLosingTryAcquire(b *testing.B) {
 	ctx := b.Context()
 	pool := pglocktest.Postgres(b)
-	holder := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	holder := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Hour))
 	_, err := holder.TryAcquire(ctx, "bench:held")
 	require.NoError(b, err)
-	loser := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	loser := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Hour))
 	lose := benchOp{name: "losing", goroutines: 1, run: func(ctx context.Context, _ int) error {
 		if _, err := loser.TryAcquire(ctx, "bench:held"); !errors.Is(err, pglock.ErrNotAcquired) {
 			return fmt.Errorf("want ErrNotAcquired, got %v", err)
@@ -309,7 +309,7 @@ func BenchmarkRenewManyTableSize(b *testing.B) {
 // (BenchmarkAcquireRelease/goroutines=16), and their ratio (vs-distinct).
 func BenchmarkContendedKey(b *testing.B) {
 	pool := pglocktest.Postgres(b)
-	c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+	c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
 	var won atomic.Int64
 	race := benchOp{name: "race", goroutines: 32, run: func(ctx context.Context, _ int) error {
 		l, err := c.TryAcquire(ctx, "bench:contended")
@@ -389,7 +389,7 @@ func heldKeys(n int) []string {
 // tests' goroutines and allocations would be counted.
 func TestHeldLockCost(t *testing.T) {
 	pool := pglocktest.Postgres(t)
-	c, err := pglock.New(pool, pglock.WithTTL(time.Hour)) // no renewal fires
+	c, err := pglock.New(pool, pglock.TTL(time.Hour)) // no renewal fires
 	require.NoError(t, err)
 	warmPool(t, pool, c)
 	locks, perLock := holdLocks(t, c, heldKeys(10_000))
@@ -414,7 +414,7 @@ func abandon(tb testing.TB, c *pglock.Client) {
 // (B/lock); ns/op is suppressed, the time being the GC's as much as the acquisitions'.
 func BenchmarkHeldLock(b *testing.B) {
 	pool := pglocktest.Postgres(b)
-	c, err := pglock.New(pool, pglock.WithTTL(time.Hour))
+	c, err := pglock.New(pool, pglock.TTL(time.Hour))
 	require.NoError(b, err)
 	keys := heldKeys(b.N)
 	warmPool(b, pool, c)
@@ -436,7 +436,7 @@ func TestLosingAcquireWritesNoWAL(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pglocktest.Postgres(t)
-	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
 	held, err := holder.TryAcquire(ctx, "reports:nightly")
 	require.NoError(t, err)
 	rowVersion := func() string {
@@ -457,7 +457,7 @@ func TestLosingAcquireWritesNoWAL(t *testing.T) {
 		return scans, written
 	}
 	scansBefore, writtenBefore := tableCounters()
-	loser := newClient(t, pglock.NewPostgresStore(tx), pglock.WithTTL(time.Minute))
+	loser := newClient(t, pglock.NewPostgresStore(tx), pglock.TTL(time.Minute))
 	for range 100 {
 		_, err := loser.TryAcquire(ctx, held.Key())
 		require.ErrorIs(t, err, pglock.ErrNotAcquired)
@@ -495,7 +495,7 @@ func TestLosingAcquireWritesNoWAL(t *testing.T) {
 func BenchmarkPrune(b *testing.B) {
 	ctx := b.Context()
 	pool := pglocktest.Postgres(b)
-	c := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Hour))
+	c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Hour))
 	seedLocks(b, pool, 1000)
 	const dead = 10_000
 	var rows int64
@@ -612,7 +612,7 @@ func BenchmarkWhilePruning(b *testing.B) {
 			p := startPruner(b, pglocktest.Pool(b, url, 2))
 			var op benchOp
 			if what == "acquire+release" {
-				op = acquireRelease(newClient(b, store, pglock.WithTTL(time.Minute)), 1)
+				op = acquireRelease(newClient(b, store, pglock.TTL(time.Minute)), 1)
 			} else {
 				keys, owners := seedLocks(b, pool, 100)
 				batch := store.(pglock.BatchRenewer)

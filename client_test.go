@@ -33,7 +33,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	cases := []struct {
 		name string
 		key  string
-		opts []pglock.LockOption
+		opts []pglock.Option
 		fn   func(context.Context) error
 		want error
 	}{
@@ -41,11 +41,13 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 		{"KeyOver500Characters", long, nil, fn, pglock.ErrInvalidKey},
 		{"InvalidUTF8", "inv\xffalid", nil, fn, pglock.ErrInvalidKey},
 		{"NULByte", "nul\x00key", nil, fn, pglock.ErrInvalidKey},
-		{"TTLUnder1ms", "k", []pglock.LockOption{pglock.TTL(time.Microsecond)}, fn, pglock.ErrInvalidArgument},
-		{"ZeroTTL", "k", []pglock.LockOption{pglock.TTL(0)}, fn, pglock.ErrInvalidArgument},
-		{"TTLOverOneYear", "k", []pglock.LockOption{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, fn, pglock.ErrInvalidArgument},
-		{"NegativeWait", "k", []pglock.LockOption{pglock.Wait(-time.Second)}, fn, pglock.ErrInvalidArgument},
-		{"NilOption", "k", []pglock.LockOption{nil}, fn, pglock.ErrInvalidArgument},
+		{"TTLUnder1ms", "k", []pglock.Option{pglock.TTL(time.Microsecond)}, fn, pglock.ErrInvalidArgument},
+		{"ZeroTTL", "k", []pglock.Option{pglock.TTL(0)}, fn, pglock.ErrInvalidArgument},
+		{"TTLOverOneYear", "k", []pglock.Option{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, fn, pglock.ErrInvalidArgument},
+		{"NegativeWait", "k", []pglock.Option{pglock.Wait(-time.Second)}, fn, pglock.ErrInvalidArgument},
+		{"ZeroOption", "k", []pglock.Option{{}}, fn, pglock.ErrInvalidArgument},
+		{"AJobsOption", "k", []pglock.Option{pglock.OnOneInstance()}, fn, pglock.ErrInvalidArgument},
+		{"AClientsOption", "k", []pglock.Option{pglock.WithoutListener()}, fn, pglock.ErrInvalidArgument},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,6 +65,11 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	t.Run("NilFn", func(t *testing.T) {
 		require.ErrorIs(t, c.WithLock(t.Context(), "k", nil), pglock.ErrInvalidArgument)
 	})
+	t.Run("WaitIsNotAnOptionOfTryAcquire", func(t *testing.T) {
+		_, err := c.TryAcquire(t.Context(), "k", pglock.Wait(time.Second))
+		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+		require.ErrorContains(t, err, "Wait is not an option of TryAcquire (it applies to Acquire and WithLock)")
+	})
 	require.Zero(t, lockRows(t, pool), "bad input wrote to the locks table")
 }
 
@@ -74,12 +81,14 @@ func TestBadOptionsNameTheOption(t *testing.T) {
 		opt  pglock.Option
 		want string
 	}{
-		{"TTLZero", pglock.WithTTL(0), "WithTTL"},
-		{"TTLOverOneYear", pglock.WithTTL(pglock.MaxTTL + 1), "WithTTL"},
-		{"EmptyInstanceName", pglock.WithInstanceName(""), "WithInstanceName"},
+		{"TTLZero", pglock.TTL(0), "NewWithStore: TTL: 0s: want 1ms to 8760h0m0s"},
+		{"TTLOverOneYear", pglock.TTL(pglock.MaxTTL + 1), "NewWithStore: TTL"},
+		{"EmptyInstanceName", pglock.WithInstanceName(""), "NewWithStore: WithInstanceName"},
 		{"InstanceNameWithNUL", pglock.WithInstanceName("a\x00b"), "WithInstanceName"},
-		{"NilEventHandler", pglock.WithEventHandler(nil), "WithEventHandler"},
-		{"NilOption", nil, "nil Option"},
+		{"NilEventHandler", pglock.WithEventHandler(nil), "WithEventHandler: nil handler"},
+		{"ZeroOption", pglock.Option{}, "zero Option"},
+		{"WaitIsNotAnOptionOfAClient", pglock.Wait(time.Second), "Wait is not an option of NewWithStore"},
+		{"JobsOptionIsNotAnOptionOfAClient", pglock.OnOneInstance(), "OnOneInstance is not an option of NewWithStore (it applies to Job)"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -185,8 +194,8 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
 	clock := pglocktest.NewManualClock(time.Now())
-	a := newClient(t, store, pglock.WithTTL(time.Second), pglock.WithClock(clock))
-	b := newClient(t, store, pglock.WithTTL(time.Second))
+	a := newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(clock))
+	b := newClient(t, store, pglock.TTL(time.Second))
 
 	inside := make(chan *pglock.Lock)
 	result := make(chan error)
@@ -301,7 +310,7 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
-	a := newClient(t, store, pglock.WithTTL(300*time.Millisecond))
+	a := newClient(t, store, pglock.TTL(300*time.Millisecond))
 	b := newClient(t, store)
 	l, err := a.TryAcquire(t.Context(), "k")
 	require.NoError(t, err)
@@ -334,7 +343,7 @@ func TestFailedRenewalsLoseTheLockAtItsDeadline(t *testing.T) {
 	clock := pglocktest.NewManualClock(time.Now())
 	var events []pglock.Event
 	var mu sync.Mutex
-	c := newClient(t, store, pglock.WithTTL(time.Minute), pglock.WithClock(clock), pglock.WithEventHandler(func(e pglock.Event) {
+	c := newClient(t, store, pglock.TTL(time.Minute), pglock.WithClock(clock), pglock.WithEventHandler(func(e pglock.Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

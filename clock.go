@@ -23,11 +23,9 @@ type Timer interface {
 	Stop() bool
 }
 
-// RealClock is the wall clock.
-type RealClock struct{}
+// realClock is the wall clock, what a nil Clock means.
+type realClock struct{}
 
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
+func (realClock) Now() time.Time { return time.Now() }
 
-// AfterFunc is time.AfterFunc.
-func (RealClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

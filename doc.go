@@ -32,7 +32,7 @@
 // was doing, believing it still holds the lock, until its next renewal is refused.
 // Nothing on the holder's side can close that window. Only the resource being written
 // can: every acquisition gets a fencing token greater than every token the key had
-// before (across releases, expiries, and a sequence that went back), and a write that
+// before (across releases, expiries, prunes, and a sequence that went back), and a write that
 // carries its token can be refused when a newer holder has written. FenceUpdate and
 // ExecFenced fence an UPDATE by a token column; FenceHeld fences any UPDATE or DELETE
 // by the lock itself, which only works because the lock lives in the same database as
@@ -42,5 +42,8 @@
 //
 // Close a Client at shutdown so that its leases are handed back at once instead of
 // expiring after ttl: first stop the scheduler (gocron's Shutdown), then Client.Close,
-// then close the pool.
+// then close the pool. Close never hands a key back while code holding it may still
+// run: it cancels every WithLock function, job run and leader with ErrClosed as the
+// cause and waits for each to return first; when its ctx ends before they do, their
+// keys are left to expire on the database clock instead.
 package pglock

@@ -38,15 +38,32 @@ var (
 	ErrUnsafeQuery = errors.New("pglock: query cannot be fenced safely")
 )
 
-// Why a lock was lost, in LockLostError.Reason.
+// Reason says why a lock was lost (LockLostError, EventLost), why a job's tick was
+// skipped (EventJobSkipped) or why a leader stepped down (EventLeadershipLost): a
+// short value that stays the same from release to release, for logs, metrics and
+// switch statements. A leader that stepped down at Resign or Close has no Reason: its
+// Event.Err is ErrResigned or ErrClosed.
+type Reason string
+
 const (
-	// ReasonRefused: the store refused a renewal: another holder has the key, or it expired.
-	ReasonRefused = "the store refused a renewal"
-	// ReasonExpired: ttl passed since the last renewal the store confirmed, counted
-	// from the moment that renewal was sent.
-	ReasonExpired = "ttl passed without a confirmed renewal"
-	// ReasonReleaseRefused: the store no longer held the lock for its owner at release.
-	ReasonReleaseRefused = "the store no longer held it at release"
+	// ReasonRefused: the store refused a renewal: another holder has the key, or it
+	// expired.
+	ReasonRefused Reason = "refused"
+	// ReasonExpired: the lock's deadline passed without a renewal the store confirmed
+	// (see the package doc).
+	ReasonExpired Reason = "expired"
+	// ReasonReleaseRefused: at its release, the store no longer held the lock for its
+	// owner.
+	ReasonReleaseRefused Reason = "release-refused"
+	// ReasonOtherInstance: a tick was skipped because another instance holds the job's
+	// lease (OnOneInstance, GocronLocker) or leads (GocronElector).
+	ReasonOtherInstance Reason = "other-instance"
+	// ReasonRunInProgress: a tick was skipped because a run of the job still holds its
+	// run lock (WithoutOverlapping), on this instance or another.
+	ReasonRunInProgress Reason = "run-in-progress"
+	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
+	// error or panicked; the instance campaigns again after ttl/3.
+	ReasonOnAcquiredFailed Reason = "on-acquired-failed"
 )
 
 // LockLostError is the context.Cause of a lost lock's context, and what Release and
@@ -55,7 +72,7 @@ type LockLostError struct {
 	Key    string
 	Owner  string
 	Token  int64
-	Reason string // ReasonRefused, ReasonExpired or ReasonReleaseRefused
+	Reason Reason // ReasonRefused, ReasonExpired or ReasonReleaseRefused
 }
 
 func (e *LockLostError) Error() string {

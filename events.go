@@ -14,22 +14,25 @@ type EventType string
 const (
 	EventAcquired           EventType = "acquired"            // a lock was taken
 	EventReleased           EventType = "released"            // a lock was given back
-	EventLost               EventType = "lost"                // a lock was lost before its release; Reason says how
+	EventLost               EventType = "lost"                // a lock was lost before its release; Reason says how, Err is its *LockLostError
 	EventJobRan             EventType = "job ran"             // a job's tick ran here
 	EventJobSkipped         EventType = "job skipped"         // a job's tick was skipped here; Reason says why
 	EventLeadershipAcquired EventType = "leadership acquired" // this instance started leading
-	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Reason says why
+	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Err says why, Reason when the lease was lost or OnAcquired failed
 )
 
 // Event is something that happened to a lock, a job or an election of a Client. See
 // WithEventHandler.
 type Event struct {
 	Type   EventType
-	Key    string
-	Owner  string
-	Token  int64
-	Reason string // why, for lost, skipped and leadership-lost events
-	Time   time.Time
+	Key    string // the lock's key; for job events the job's key, gocron job name or elector key
+	Owner  string // the lock's owner id; empty for a skipped tick
+	Token  int64  // the lock's fencing token; zero for a skipped tick
+	Reason Reason // why, for lost, skipped and some leadership-lost events
+	// Err is why a lock was lost (a *LockLostError) or a leader stepped down (a
+	// *LockLostError, ErrResigned, ErrClosed, or OnAcquired's error); nil otherwise.
+	Err  error
+	Time time.Time // on the client's clock
 }
 
 // events delivers events to the handler on one goroutine, so that whoever emits
@@ -105,10 +108,5 @@ func (e *events) close(ctx context.Context) error {
 	e.closed = true
 	e.cond.Signal()
 	e.mu.Unlock()
-	select {
-	case <-e.done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return waitDone(ctx, e.done)
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pglock/internal/pgserver"
+	"github.com/pgfence/pglock/example/devdb"
 )
 
 // fenceCol is the fence column of the scratch schema's products table, quoted.
@@ -73,163 +73,58 @@ func (k fenceKind) run(c fenceCase, token int64) (string, []any, error) {
 	return k.fence(c.query, k.argOf(c), token, c.args...)
 }
 
-// fenceUpdateCases: the column is stock_fencing_token unless arg names another.
+// fenceCond is FenceUpdate's condition on fenceCol with parameter p.
+func fenceCond(p string) string { return "(" + fenceCol + " IS NULL OR " + fenceCol + " <= " + p + ")" }
+
+// fenceUpdateCases: the column is stock_fencing_token unless arg names another. Where
+// the fence goes in every kind of statement is internal/sqlfence's to test; these
+// show what FenceUpdate adds.
 var fenceUpdateCases = []fenceCase{
 	{
 		name:  "appends to SET and ANDs the parenthesized WHERE",
 		query: "UPDATE products SET in_stock = $1 WHERE id = $2",
 		args:  []any{10, 1},
-		want:  `UPDATE products SET in_stock = $1, "stock_fencing_token" = $3 WHERE (id = $2) AND "stock_fencing_token" <= $3`,
+		want:  `UPDATE products SET in_stock = $1, "stock_fencing_token" = $3 WHERE (id = $2) AND ("stock_fencing_token" IS NULL OR "stock_fencing_token" <= $3)`,
 	},
 	{
 		name:  "adds a WHERE when there is none",
 		query: "UPDATE products SET in_stock = $1",
 		args:  []any{10},
-		want:  "UPDATE products SET in_stock = $1, " + fenceCol + " = $2 WHERE " + fenceCol + " <= $2",
+		want:  "UPDATE products SET in_stock = $1, " + fenceCol + " = $2 WHERE " + fenceCond("$2"),
 	},
 	{
 		name:  "puts a new WHERE before RETURNING",
 		query: "UPDATE products SET in_stock = 0 RETURNING id",
-		want:  "UPDATE products SET in_stock = 0, " + fenceCol + " = $1 WHERE " + fenceCol + " <= $1 RETURNING id",
+		want:  "UPDATE products SET in_stock = 0, " + fenceCol + " = $1 WHERE " + fenceCond("$1") + " RETURNING id",
 	},
 	{
 		name:  "keeps RETURNING after the WHERE and wraps an OR",
 		query: "UPDATE products SET in_stock = 0 WHERE id = $1 OR id = 2 RETURNING id, in_stock",
 		args:  []any{1},
-		want:  "UPDATE products SET in_stock = 0, " + fenceCol + " = $2 WHERE (id = $1 OR id = 2) AND " + fenceCol + " <= $2 RETURNING id, in_stock",
+		want:  "UPDATE products SET in_stock = 0, " + fenceCol + " = $2 WHERE (id = $1 OR id = 2) AND " + fenceCond("$2") + " RETURNING id, in_stock",
 	},
 	{
 		name:  "ends the SET list at FROM",
 		query: "UPDATE products p SET in_stock = s.stock FROM suppliers s WHERE s.product_id = p.id",
-		want:  "UPDATE products p SET in_stock = s.stock, " + fenceCol + " = $1 FROM suppliers s WHERE (s.product_id = p.id) AND " + fenceCol + " <= $1",
-	},
-	{
-		name:  "adds a WHERE after FROM",
-		query: "UPDATE products SET in_stock = s.stock FROM suppliers s",
-		want:  "UPDATE products SET in_stock = s.stock, " + fenceCol + " = $1 FROM suppliers s WHERE " + fenceCol + " <= $1",
-	},
-	{
-		name:  "ignores a WHERE inside a subquery in SET",
-		query: "UPDATE products SET in_stock = (SELECT s.stock FROM suppliers s WHERE s.product_id = products.id LIMIT 1) WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET in_stock = (SELECT s.stock FROM suppliers s WHERE s.product_id = products.id LIMIT 1), " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in a string",
-		query: "UPDATE products SET name = 'it''s where; -- returning' WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET name = 'it''s where; -- returning', " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in an escape string",
-		query: `UPDATE products SET name = E'it\'s where \\' WHERE id = $1`,
-		args:  []any{1},
-		want:  `UPDATE products SET name = E'it\'s where \\', ` + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "continues an escape string across a newline",
-		query: "UPDATE products SET name = E'a'\n  'b\\' where' WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET name = E'a'\n  'b\\' where', " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in quoted identifiers",
-		query: `UPDATE products AS "where" SET "name" = 'x' WHERE "where".id = $1`,
-		args:  []any{1},
-		want:  `UPDATE products AS "where" SET "name" = 'x', ` + fenceCol + ` = $2 WHERE ("where".id = $1) AND ` + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in a line comment",
-		query: "UPDATE products SET in_stock = 1 -- where id = 2; returning\nWHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET in_stock = 1, " + fenceCol + " = $2 -- where id = 2; returning\nWHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in nested block comments",
-		query: "UPDATE products SET in_stock = 1 /* where /* nested */ returning */ WHERE id = $1 /* ; */",
-		args:  []any{1},
-		want:  "UPDATE products SET in_stock = 1, " + fenceCol + " = $2 /* where /* nested */ returning */ WHERE (id = $1) AND " + fenceCol + " <= $2 /* ; */",
-	},
-	{
-		name:  "ignores keywords in a dollar-quoted string",
-		query: "UPDATE products SET note = $$ where ' $$ WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET note = $$ where ' $$, " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "ignores keywords in a tagged dollar-quoted string",
-		query: "UPDATE products SET note = $x$ where $$ ; $1 $x$ WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET note = $x$ where $$ ; $1 $x$, " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
+		want:  "UPDATE products p SET in_stock = s.stock, " + fenceCol + " = $1 FROM suppliers s WHERE (s.product_id = p.id) AND " + fenceCond("$1"),
 	},
 	{
 		name:  "numbers after the highest parameter",
 		query: "UPDATE products SET in_stock = $10 WHERE id IN ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
 		args:  []any{1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
-		want:  "UPDATE products SET in_stock = $10, " + fenceCol + " = $11 WHERE (id IN ($1, $2, $3, $4, $5, $6, $7, $8, $9)) AND " + fenceCol + " <= $11",
-	},
-	{
-		name:  "keeps ONLY",
-		query: "UPDATE ONLY products SET in_stock = 1 WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE ONLY products SET in_stock = 1, " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "keeps an alias",
-		query: "UPDATE public.products AS p SET in_stock = 1 WHERE p.id = $1",
-		args:  []any{1},
-		want:  "UPDATE public.products AS p SET in_stock = 1, " + fenceCol + " = $2 WHERE (p.id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "keeps a trailing semicolon and comment",
-		query: "UPDATE products SET in_stock = 1 WHERE id = $1; -- done\n",
-		args:  []any{1},
-		want:  "UPDATE products SET in_stock = 1, " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2; -- done\n",
-	},
-	{
-		name:  "reads lower case keywords",
-		query: "update products set in_stock = 1 where id = $1",
-		args:  []any{1},
-		want:  "update products set in_stock = 1, " + fenceCol + " = $2 where (id = $1) AND " + fenceCol + " <= $2",
-	},
-	{
-		name:  "keeps a read-only WITH query",
-		query: "WITH s AS (SELECT product_id, stock FROM suppliers WHERE stock > 0) UPDATE products SET in_stock = s.stock FROM s WHERE s.product_id = products.id",
-		want:  "WITH s AS (SELECT product_id, stock FROM suppliers WHERE stock > 0) UPDATE products SET in_stock = s.stock, " + fenceCol + " = $1 FROM s WHERE (s.product_id = products.id) AND " + fenceCol + " <= $1",
-	},
-	{
-		name:  "keeps a WITH query that locks rows FOR UPDATE",
-		query: "WITH RECURSIVE n(id) AS MATERIALIZED (SELECT id FROM products WHERE in_stock = 0 LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED), m AS NOT MATERIALIZED (SELECT 1 FOR UPDATE) UPDATE products SET in_stock = 10 FROM n WHERE products.id = n.id",
-		want:  "WITH RECURSIVE n(id) AS MATERIALIZED (SELECT id FROM products WHERE in_stock = 0 LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED), m AS NOT MATERIALIZED (SELECT 1 FOR UPDATE) UPDATE products SET in_stock = 10, " + fenceCol + " = $1 FROM n WHERE (products.id = n.id) AND " + fenceCol + " <= $1",
-	},
-	{
-		name:  "reads IS DISTINCT FROM as an expression in SET",
-		query: "UPDATE products SET flag = name IS NOT DISTINCT FROM $1 WHERE id = $2",
-		args:  []any{"x", 1},
-		want:  "UPDATE products SET flag = name IS NOT DISTINCT FROM $1, " + fenceCol + " = $3 WHERE (id = $2) AND " + fenceCol + " <= $3",
-	},
-	{
-		name:  "reads a keyword after a dot as a column",
-		query: "UPDATE products SET note = s.from FROM suppliers s WHERE s.product_id = products.id",
-		want:  "UPDATE products SET note = s.from, " + fenceCol + " = $1 FROM suppliers s WHERE (s.product_id = products.id) AND " + fenceCol + " <= $1",
-	},
-	{
-		name:  "appends after a row assignment",
-		query: "UPDATE products SET (in_stock, note) = (1, 'x') WHERE id = $1",
-		args:  []any{1},
-		want:  "UPDATE products SET (in_stock, note) = (1, 'x'), " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
+		want:  "UPDATE products SET in_stock = $10, " + fenceCol + " = $11 WHERE (id IN ($1, $2, $3, $4, $5, $6, $7, $8, $9)) AND " + fenceCond("$11"),
 	},
 	{
 		name:  "keeps a space between the new parameter and a glued keyword",
 		query: "UPDATE products SET note = 'x'WHERE id = $1",
 		args:  []any{1},
-		want:  "UPDATE products SET note = 'x', " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCol + " <= $2",
+		want:  "UPDATE products SET note = 'x', " + fenceCol + " = $2 WHERE (id = $1) AND " + fenceCond("$2"),
 	},
 	{
 		name:  "quotes the column as an identifier",
 		query: "UPDATE products SET in_stock = 1",
 		arg:   `Fence "Token"`,
-		want:  `UPDATE products SET in_stock = 1, "Fence ""Token""" = $1 WHERE "Fence ""Token""" <= $1`,
+		want:  `UPDATE products SET in_stock = 1, "Fence ""Token""" = $1 WHERE ("Fence ""Token""" IS NULL OR "Fence ""Token""" <= $1)`,
 	},
 }
 
@@ -263,22 +158,6 @@ var fenceHeldCases = []fenceCase{
 		want:  "DELETE FROM products p USING suppliers s JOIN products q USING (id) WHERE (s.product_id = p.id) AND pglock.lock_held($1, $2)",
 	},
 	{
-		name:  "keeps ONLY, an alias and a trailing semicolon",
-		query: "DELETE FROM ONLY products AS p WHERE p.id = $1;",
-		args:  []any{1},
-		want:  "DELETE FROM ONLY products AS p WHERE (p.id = $1) AND pglock.lock_held($2, $3);",
-	},
-	{
-		name:  "ignores keywords in literals and comments",
-		query: "DELETE FROM products WHERE note = $$ returning $$ OR name = E'\\' where' -- returning\n",
-		want:  "DELETE FROM products WHERE (note = $$ returning $$ OR name = E'\\' where') AND pglock.lock_held($1, $2) -- returning\n",
-	},
-	{
-		name:  "keeps a read-only WITH query",
-		query: "WITH gone AS (SELECT product_id FROM suppliers WHERE stock = 0) DELETE FROM products WHERE id IN (SELECT product_id FROM gone)",
-		want:  "WITH gone AS (SELECT product_id FROM suppliers WHERE stock = 0) DELETE FROM products WHERE (id IN (SELECT product_id FROM gone)) AND pglock.lock_held($1, $2)",
-	},
-	{
 		name:  "numbers after the highest parameter",
 		query: "UPDATE products SET in_stock = $10 WHERE id IN ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
 		args:  []any{1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
@@ -310,49 +189,16 @@ func TestFenceUpdateDoesNotWriteIntoCallersArgs(t *testing.T) {
 	require.Equal(t, "untouched", backing[1])
 }
 
-// fenceUnsafeQueries are refused by both fences with ErrUnsafeQuery.
+// fenceUnsafeQueries are refused by both fences with ErrUnsafeQuery: a few of the
+// kinds internal/sqlfence refuses, from the lexer, the parser and the verb check.
 var fenceUnsafeQueries = []struct{ name, query string }{
 	{"refuses a SELECT", "SELECT * FROM products WHERE id = 1"},
-	{"refuses an INSERT", "INSERT INTO products (id) VALUES (1)"},
-	{"refuses a MERGE", "MERGE INTO products p USING suppliers s ON s.id = p.id WHEN MATCHED THEN UPDATE SET in_stock = 1"},
-	{"refuses EXPLAIN", "EXPLAIN UPDATE products SET in_stock = 1"},
 	{"refuses two statements", "UPDATE products SET in_stock = 1; UPDATE products SET in_stock = 2"},
-	{"refuses a statement after a WHERE", "UPDATE products SET in_stock = 1 WHERE id = 1; SELECT 1"},
-	{"refuses two semicolons", "UPDATE products SET in_stock = 1;;"},
-	{"refuses a semicolon in brackets", "UPDATE products SET in_stock = (SELECT 1; SELECT 2)"},
 	{"refuses WHERE CURRENT OF", "UPDATE products SET in_stock = 1 WHERE CURRENT OF c"},
 	{"refuses an unterminated string", "UPDATE products SET name = 'x WHERE id = 1"},
-	{"refuses an escape string left open by a backslash", `UPDATE products SET name = E'x\' WHERE id = 1`},
-	{"refuses an unterminated quoted identifier", `UPDATE products SET "name = 1`},
-	{"refuses an unterminated comment", "UPDATE products SET in_stock = 1 /* WHERE id = 1"},
-	{"refuses an unterminated nested comment", "UPDATE products SET in_stock = 1 /* /* */ WHERE id = 1"},
-	{"refuses an unterminated dollar quote", "UPDATE products SET note = $$ x WHERE id = 1"},
-	{"refuses a dollar quote closed by another tag", "UPDATE products SET note = $a$ x $b$ WHERE id = 1"},
-	{"refuses a stray dollar", "UPDATE products SET in_stock = $ WHERE id = 1"},
-	{"refuses $0", "UPDATE products SET in_stock = $0"},
-	{"refuses a parameter above 65535", "UPDATE products SET in_stock = $65536"},
-	{"refuses a parameter glued to a word", "UPDATE products SET in_stock = $1where id = 1"},
-	{"refuses a number glued to a word", "UPDATE products SET in_stock = 1where id = 1"},
-	{"refuses a hexadecimal number", "UPDATE products SET in_stock = 0x1F"},
-	{"refuses an unclosed bracket", "UPDATE products SET in_stock = (1 WHERE id = 1"},
-	{"refuses a stray closing bracket", "UPDATE products SET in_stock = 1) WHERE (id = 1"},
-	{"refuses mismatched brackets", "UPDATE products SET in_stock = a[1) WHERE id = 1"},
-	{"refuses a vertical tab", "UPDATE products SET in_stock = 1\vWHERE id = 1"},
 	{"refuses a NUL byte", "UPDATE products SET in_stock = 1 WHERE id = 1\x00 OR true"},
-	{"refuses invalid UTF-8", "UPDATE products SET name = '\xff' WHERE id = 1"},
-	{"refuses an empty query", ""},
-	{"refuses blanks", " \n\t "},
-	{"refuses a lone comment", "-- UPDATE products SET in_stock = 1"},
-	{"refuses a lone semicolon", " ; "},
-	{"refuses an empty WHERE", "UPDATE products SET in_stock = 1 WHERE"},
-	{"refuses an empty WHERE before RETURNING", "DELETE FROM products WHERE RETURNING id"},
-	{"refuses a second WHERE", "UPDATE products SET in_stock = 1 WHERE id = 1 WHERE id = 2"},
 	{"refuses a WITH query that deletes", "WITH d AS (DELETE FROM suppliers RETURNING product_id) UPDATE products SET in_stock = 0 FROM d WHERE d.product_id = products.id"},
-	{"refuses a WITH query that updates", "WITH u AS (UPDATE suppliers SET stock = 0 RETURNING product_id) DELETE FROM products WHERE id IN (SELECT product_id FROM u)"},
-	{"refuses an UPDATE inside the WITH of a SELECT", "WITH u AS (UPDATE products SET in_stock = 0 RETURNING id) SELECT * FROM u"},
-	{"refuses WITH SEARCH", "WITH RECURSIVE t(n) AS (SELECT 1) SEARCH DEPTH FIRST BY n SET o UPDATE products SET in_stock = 1"},
-	{"refuses WITH without a statement", "WITH t AS (SELECT 1)"},
-	{"refuses a table-less statement", "UPDATE SET in_stock = 1"},
+	{"refuses an empty query", ""},
 }
 
 func TestFenceRefusals(t *testing.T) {
@@ -368,9 +214,6 @@ func TestFenceRefusals(t *testing.T) {
 	}
 	cases := []refusal{
 		{"refuses a DELETE", update, "DELETE FROM products WHERE id = 1", "c", 7, nil, ErrUnsafeQuery},
-		{"refuses an UPDATE without SET", update, "UPDATE products WHERE id = 1", "c", 7, nil, ErrUnsafeQuery},
-		{"refuses an empty SET list", update, "UPDATE products SET WHERE id = 1", "c", 7, nil, ErrUnsafeQuery},
-		{"refuses an empty FROM list", update, "UPDATE products SET in_stock = 1 FROM WHERE id = 1", "c", 7, nil, ErrUnsafeQuery},
 		{"refuses fewer args than parameters", update, "UPDATE products SET in_stock = $1 WHERE id = $2", "c", 7, []any{1}, ErrInvalidArgument},
 		{"refuses more args than parameters", update, "UPDATE products SET in_stock = $1", "c", 7, []any{1, 2}, ErrInvalidArgument},
 		{"refuses args for a query without parameters", update, "UPDATE products SET in_stock = 1", "c", 7, []any{1}, ErrInvalidArgument},
@@ -380,9 +223,6 @@ func TestFenceRefusals(t *testing.T) {
 		{"refuses a column that is not UTF-8", update, "UPDATE products SET in_stock = 1", "c\xff", 7, nil, ErrInvalidArgument},
 		{"refuses token 0", update, "UPDATE products SET in_stock = 1", "c", 0, nil, ErrInvalidArgument},
 		{"refuses a negative token", update, "UPDATE products SET in_stock = 1", "c", -1, nil, ErrInvalidArgument},
-		{"refuses a DELETE without FROM", held, "DELETE products WHERE id = 1", "k", 7, nil, ErrUnsafeQuery},
-		{"refuses words after a DELETE's table", held, "DELETE FROM products p q WHERE id = 1", "k", 7, nil, ErrUnsafeQuery},
-		{"refuses an empty USING list", held, "DELETE FROM products USING WHERE id = 1", "k", 7, nil, ErrUnsafeQuery},
 		{"refuses fewer args than parameters", held, "DELETE FROM products WHERE id = $1", "k", 7, nil, ErrInvalidArgument},
 		{"refuses more args than parameters", held, "DELETE FROM products WHERE id = $1", "k", 7, []any{1, 2}, ErrInvalidArgument},
 		{"refuses no room for two more parameters", held, "DELETE FROM products WHERE id = $65534", "k", 7, make([]any, 65534), ErrInvalidArgument},
@@ -394,7 +234,7 @@ func TestFenceRefusals(t *testing.T) {
 	}
 	for _, u := range fenceUnsafeQueries {
 		for _, k := range fenceKinds {
-			cases = append(cases, refusal{u.name, k, u.query, k.arg, 7, make([]any, fenceFuzzParams(u.query)), ErrUnsafeQuery})
+			cases = append(cases, refusal{u.name, k, u.query, k.arg, 7, nil, ErrUnsafeQuery})
 		}
 	}
 	for _, c := range cases {
@@ -407,6 +247,19 @@ func TestFenceRefusals(t *testing.T) {
 			require.Nil(t, args)
 		})
 	}
+}
+
+// TestFenceErrorTexts: internal/sqlfence's reasons read as pglock's errors.
+func TestFenceErrorTexts(t *testing.T) {
+	t.Parallel()
+	_, _, err := FenceUpdate("UPDATE t SET a = 1 WHERE b = 2\x00", "c", 7)
+	require.EqualError(t, err, "pglock: query cannot be fenced safely: NUL byte at offset 30")
+	_, _, err = FenceUpdate("DELETE FROM t", "c", 7)
+	require.EqualError(t, err, "pglock: query cannot be fenced safely: a DELETE, where only UPDATE is fenced")
+	_, _, err = FenceHeld("UPDATE t SET a = $1 WHERE b = $2", "k", 7, 1)
+	require.EqualError(t, err, "pglock: invalid argument: the query's highest parameter is $2 but 1 args were given")
+	_, _, err = FenceHeld("DELETE FROM t WHERE id = $65534", "k", 7, make([]any, 65534)...)
+	require.EqualError(t, err, "pglock: invalid argument: the query has 65534 parameters, which leaves no room for the fence's 2")
 }
 
 func TestExecFencedRefusesBeforeTheDatabase(t *testing.T) {
@@ -473,7 +326,7 @@ func fenceTestDB(t *testing.T) *pgxpool.Pool {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close) // before the drop: cleanups run last-in first-out
 	// Every migration, as users run them: lock_held meets the shipped lock_acquire.
-	require.NoError(t, Migrate(ctx, pgserver.URLOf(&cfg.ConnConfig.Config)))
+	require.NoError(t, Migrate(ctx, devdb.URLOf(&cfg.ConnConfig.Config)))
 	_, err = pool.Exec(ctx, `
 		CREATE TABLE products (
 			id bigint PRIMARY KEY, in_stock int, name text, note text, flag boolean,
@@ -498,9 +351,9 @@ func fencePrepare(ctx context.Context, pool *pgxpool.Pool, query string) ([]uint
 	return sd.ParamOIDs, nil
 }
 
-// TestFencedQueriesPrepare has the server parse every fenced query of the tables and
-// the fuzz seed corpus: a rewrite that PostgreSQL reads differently than the lexer
-// does would mostly fail here.
+// TestFencedQueriesPrepare has the server parse every fenced query of the tables, and
+// of internal/sqlfence's test queries and fuzz corpus: a rewrite that PostgreSQL reads
+// differently than the lexer does would mostly fail here.
 func TestFencedQueriesPrepare(t *testing.T) {
 	t.Parallel()
 	pool := fenceTestDB(t)
@@ -522,40 +375,66 @@ func TestFencedQueriesPrepare(t *testing.T) {
 			check(t, c.query, q, len(args), k.types...)
 		}
 	}
-	seeds := append([]string{}, fenceSeeds...)
-	for _, fuzzer := range []string{"FuzzFenceUpdate", "FuzzFenceHeld"} {
-		seeds = append(seeds, fenceCorpus(t, fuzzer)...)
-	}
+	queries := fenceQueries(t)
+	queries = append(queries, fenceCorpus(t)...)
 	var fenced int
-	for _, query := range seeds {
-		args := make([]any, fenceFuzzParams(query))
-		if _, err := fencePrepare(ctx, pool, query); err != nil {
-			// Only queries the server takes as they are say something about the rewrite.
+	for _, query := range queries {
+		// Only queries the server takes as they are say something about the rewrite.
+		types, err := fencePrepare(ctx, pool, query)
+		if err != nil {
 			t.Logf("not fenced, invalid as it is: %q: %v", query, err)
 			continue
 		}
+		args := make([]any, len(types)) // as many as the server counts
 		for _, k := range fenceKinds {
-			if q, args, err := k.fence(query, k.arg, 7, args...); err == nil {
-				check(t, query, q, len(args), k.types...)
-				fenced++
+			q, fencedArgs, err := k.fence(query, k.arg, 7, args...)
+			if err != nil {
+				// The lexer may refuse a valid query, but must count its parameters as
+				// the server does.
+				require.ErrorIs(t, err, ErrUnsafeQuery, query)
+				continue
 			}
+			check(t, query, q, len(fencedArgs), k.types...)
+			fenced++
 		}
 	}
-	require.Greater(t, fenced, len(fenceSeeds)/2, "most seeds are valid statements that fence")
+	require.Greater(t, fenced, len(queries)/2, "most test queries are valid statements that fence")
 }
 
-// fenceCorpus reads the string inputs of the fuzzer's corpus under testdata/fuzz.
-func fenceCorpus(t *testing.T, fuzzer string) []string {
+// fenceSQLTestdata is internal/sqlfence's testdata.
+var fenceSQLTestdata = filepath.Join("internal", "sqlfence", "testdata")
+
+// fenceQueries reads internal/sqlfence's test queries: one Go-quoted string a line,
+// # comments.
+func fenceQueries(t *testing.T) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join("testdata", "fuzz", fuzzer, "*"))
+	data, err := os.ReadFile(filepath.Join(fenceSQLTestdata, "queries.txt"))
 	require.NoError(t, err)
+	var queries []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		q, err := strconv.Unquote(line)
+		require.NoError(t, err, line)
+		queries = append(queries, q)
+	}
+	return queries
+}
+
+// fenceCorpus reads the queries of internal/sqlfence's FuzzRewrite corpus.
+func fenceCorpus(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(fenceSQLTestdata, "fuzz", "FuzzRewrite", "*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
 	var inputs []string
 	for _, file := range files {
 		data, err := os.ReadFile(file)
 		require.NoError(t, err)
 		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 		require.Equal(t, "go test fuzz v1", lines[0], file)
-		// The first value is the query; the second is the column or the key.
+		// The first value is the query; the second is the column.
 		v, ok := strings.CutPrefix(lines[1], "string(")
 		require.True(t, ok, file)
 		s, err := strconv.Unquote(strings.TrimSuffix(v, ")"))
@@ -826,11 +705,79 @@ func TestExecFenced(t *testing.T) {
 	})
 }
 
+// TestFenceNullableColumn: a NULL in a nullable fence column is a row no fenced write
+// has touched. Any token writes it and leaves itself there, after which the column
+// fences as a NOT NULL one does, the claim of a read-modify-write included.
+func TestFenceNullableColumn(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `
+		CREATE TABLE counters (id bigint PRIMARY KEY, value int NOT NULL, fence bigint);
+		INSERT INTO counters (id, value) VALUES (1, 0), (2, 0)`)
+	require.NoError(t, err)
+	const write = "UPDATE counters SET value = $1 WHERE id = $2"
+	row := func(t *testing.T, id int) (value int, fence *int64) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, "SELECT value, fence FROM counters WHERE id = $1", id).Scan(&value, &fence))
+		return value, fence
+	}
+	for _, step := range []struct {
+		name        string
+		token       int64
+		value       int
+		wantWritten int64
+		wantValue   int
+		wantFence   int64
+	}{
+		{"writes a NULL row and leaves its token", 5, 50, 1, 50, 5},
+		{"then refuses a stale token", 3, 30, 0, 50, 5},
+		{"writes again with the same token", 5, 55, 1, 55, 5},
+		{"writes with a newer token", 7, 70, 1, 70, 7},
+	} {
+		n, err := ExecFenced(ctx, pool, write, "fence", step.token, step.value, 1)
+		require.NoError(t, err, step.name)
+		require.Equal(t, step.wantWritten, n, step.name)
+		value, fence := row(t, 1)
+		require.Equal(t, step.wantValue, value, step.name)
+		require.NotNil(t, fence, step.name)
+		require.Equal(t, step.wantFence, *fence, step.name)
+	}
+	_, fence := row(t, 2)
+	require.Nil(t, fence, "a row the WHERE left out keeps its NULL")
+
+	t.Run("a claim at read time refuses the paused holder", func(t *testing.T) {
+		// A read-modify-write as README's Fencing section has it: the paused holder
+		// (token 8) and its successor (9) read row 2, still NULL; the successor
+		// claims it; the paused holder's write, from its stale read, is refused.
+		claim := "UPDATE counters SET value = value WHERE id = $1 RETURNING value"
+		read := func(token int64) int {
+			t.Helper()
+			q, args, err := FenceUpdate(claim, "fence", token, 2)
+			require.NoError(t, err)
+			var value int
+			require.NoError(t, pool.QueryRow(ctx, q, args...).Scan(&value))
+			return value
+		}
+		paused := read(8)
+		successor := read(9)
+		n, err := ExecFenced(ctx, pool, write, "fence", 8, paused+1, 2)
+		require.NoError(t, err)
+		require.Zero(t, n, "the paused holder's write is refused")
+		n, err = ExecFenced(ctx, pool, write, "fence", 9, successor+1, 2)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		value, fence := row(t, 2)
+		require.Equal(t, 1, value)
+		require.Equal(t, int64(9), *fence)
+	})
+}
+
 // TestFenceKeepsTheStatementsMeaning runs generated statements, full of the lexer's
-// traps, as they are and fenced: with every row's fence older than the token (or the
-// lock held) the fenced statement writes exactly the rows the original writes, and
-// with every row's fence newer (or the lock taken over) it writes none. A fence put
-// in the wrong place, a subquery's WHERE for one, fails it.
+// traps, as they are and fenced: with every row's fence older than the token or NULL
+// (or the lock held) the fenced statement writes exactly the rows the original writes,
+// and with every row's fence newer (or the lock taken over) it writes none. A fence
+// put in the wrong place, a subquery's WHERE for one, fails it.
 func TestFenceKeepsTheStatementsMeaning(t *testing.T) {
 	t.Parallel()
 	pool := fenceTestDB(t)
@@ -840,12 +787,14 @@ func TestFenceKeepsTheStatementsMeaning(t *testing.T) {
 			(1, 0, 'where', NULL, true), (2, 5, 'x', 'x', false), (3, 1, NULL, 'returning', NULL), (4, 0, 'y', NULL, true);
 		INSERT INTO suppliers (id, product_id, stock, "from") VALUES (1, 1, 3, 'a'), (2, 2, 0, 'b'), (3, 2, 1, NULL)`)
 	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "ALTER TABLE products ALTER COLUMN stock_fencing_token DROP NOT NULL")
+	require.NoError(t, err)
 	var token int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 600000)").Scan(&token))
 
 	// written runs query in a transaction it rolls back, after setting every row's
-	// fence column to fence, and returns how many rows it wrote.
-	written := func(query string, fence int64, args ...any) int64 {
+	// fence column to fence (nil: NULL), and returns how many rows it wrote.
+	written := func(query string, fence any, args ...any) int64 {
 		t.Helper()
 		tx, err := pool.Begin(ctx)
 		require.NoError(t, err)
@@ -925,6 +874,7 @@ func TestFenceKeepsTheStatementsMeaning(t *testing.T) {
 			fenced, args, err := FenceUpdate(query, "stock_fencing_token", 7)
 			require.NoError(t, err, "%d: %s", i, query)
 			require.Equal(t, original, written(fenced, 7, args...), "%d: %s\nfenced: %s", i, query, fenced)
+			require.Equal(t, original, written(fenced, nil, args...), "%d: %s\nfenced: %s", i, query, fenced)
 			require.Zero(t, written(fenced, 8, args...), "%d: %s\nfenced: %s", i, query, fenced)
 		}
 		fenced, args, err := FenceHeld(query, "k", token)

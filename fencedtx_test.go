@@ -69,7 +69,7 @@ func TestFencedTxOpenPastTheTTLCostsNoLockItsRenewal(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	c := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Second))
+	c := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Second))
 	a, err := c.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 	b, err := c.TryAcquire(ctx, "fenced:b")
@@ -102,8 +102,8 @@ func TestFencedTxOpenRefusesEveryTakeoverUntilItEnds(t *testing.T) {
 	ctx := t.Context()
 	pool := fencedTxDB(t)
 	store := pglock.NewPostgresStore(pool)
-	holder := newClient(t, store, pglock.WithTTL(time.Second))
-	other := newClient(t, store, pglock.WithTTL(time.Second))
+	holder := newClient(t, store, pglock.TTL(time.Second))
+	other := newClient(t, store, pglock.TTL(time.Second))
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 
@@ -137,8 +137,8 @@ func TestFencedTxKeepsAnExpiredLockFromAnAcquire(t *testing.T) {
 	pool := fencedTxDB(t)
 	store := pglock.NewPostgresStore(pool)
 	// A clock that never moves: the holder's renewer stays out of the way.
-	holder := newClient(t, store, pglock.WithTTL(time.Minute), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
-	other := newClient(t, store, pglock.WithTTL(time.Minute))
+	holder := newClient(t, store, pglock.TTL(time.Minute), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
+	other := newClient(t, store, pglock.TTL(time.Minute))
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 
@@ -182,7 +182,7 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.WithTTL(300*time.Millisecond),
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(300*time.Millisecond),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews: a paused holder
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)

@@ -40,8 +40,8 @@ func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts
 	require.NoError(t, err)
 	store := pglock.NewPostgresStore(pool)
 	s := &shop{pool: pool, clockA: pglocktest.NewManualClock(time.Now())}
-	s.a = newClient(t, store, pglock.WithTTL(time.Second), pglock.WithClock(s.clockA))
-	s.b = newClient(t, store, pglock.WithTTL(time.Second))
+	s.a = newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(s.clockA))
+	s.b = newClient(t, store, pglock.TTL(time.Second))
 
 	s.lockA, err = s.a.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)
@@ -186,7 +186,7 @@ func TestFencingUnderRandomPauses(t *testing.T) {
 	for w := range writers {
 		// A clock that never moves: no renewals, so a holder that takes longer than ttl
 		// has lost its lock, as a paused process would.
-		c := newClient(t, store, pglock.WithTTL(ttl), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
+		c := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
 		wg.Go(func() {
 			for i := range writes {
 				if err := fencedIncrement(t.Context(), pool, c, i%2, tables[i%2], fmt.Sprintf("k%d", (w+i)%keys), ttl,

@@ -16,10 +16,11 @@ import (
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// The fuzzers of the entry points that take user input (FenceUpdate and FenceHeld have
-// theirs in fence_fuzz_test.go). Each input either works, round-tripping through
-// PostgreSQL exactly, or returns a "pglock:" error that says which input was wrong;
-// nothing panics. `go test` runs the seeds; `go test -fuzz FuzzKeys` explores.
+// The fuzzers of the entry points that take user input (the rewriting behind
+// FenceUpdate and FenceHeld has its own, FuzzRewrite in internal/sqlfence). Each input
+// either works, round-tripping through PostgreSQL exactly, or returns a "pglock:"
+// error that says which input was wrong; nothing panics. `go test` runs the seeds;
+// `go test -fuzz FuzzKeys` explores.
 
 // requirePglockError checks the shape of an error for bad input: prefixed, and
 // matching target.
@@ -102,22 +103,22 @@ func FuzzTTL(f *testing.F) {
 		ttl, wait := time.Duration(ttlNS), time.Duration(waitNS)
 		valid := ttl >= pglock.MinTTL && ttl <= pglock.MaxTTL
 		quiet := pglock.WithLogger(slog.New(slog.DiscardHandler)) // a 1 ms lease is lost, and says so, all the time
-		c, err := pglock.NewWithStore(store, pglock.WithTTL(ttl), pglock.WithoutListener(), quiet)
+		c, err := pglock.NewWithStore(store, pglock.TTL(ttl), pglock.WithoutListener(), quiet)
 		if !valid {
 			requirePglockError(t, err, pglock.ErrInvalidArgument)
-			require.Contains(t, err.Error(), "WithTTL")
+			require.Contains(t, err.Error(), "NewWithStore: TTL")
 			c, err = pglock.NewWithStore(store, pglock.WithoutListener(), quiet)
 		}
 		require.NoError(t, err)
 		defer func() { require.NoError(t, c.Close(context.WithoutCancel(ctx))) }()
 
-		_, err = c.Elect("fuzz-leader", pglock.Leader{OnAcquired: func(context.Context, *pglock.Lock) error { return nil }, TTL: ttl})
-		if ttl != 0 && !valid {
+		_, err = c.Elect("fuzz-leader", pglock.LeaderCallbacks{OnAcquired: func(context.Context, *pglock.Lock) error { return nil }}, pglock.TTL(ttl))
+		if !valid {
 			requirePglockError(t, err, pglock.ErrInvalidArgument)
 		} else {
 			require.NoError(t, err)
 		}
-		_, err = c.Job("fuzz-job", func(context.Context) error { return nil }, pglock.OnOneInstance(), pglock.JobTTL(ttl))
+		_, err = c.Job("fuzz-job", func(context.Context) error { return nil }, pglock.OnOneInstance(), pglock.TTL(ttl))
 		if !valid {
 			requirePglockError(t, err, pglock.ErrInvalidArgument)
 		} else {

@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -14,20 +13,20 @@ import (
 
 // Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
 // passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
-// it with JobOptions, for example:
+// it with GocronOptions, for example:
 //
 //	job, err := client.Job("inventory:stock-reconciliation", reconcile, pglock.OnOneInstance(), pglock.WithoutOverlapping())
 //	...
-//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.JobOptions("stock-reconciliation")...)
+//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.GocronOptions("stock-reconciliation")...)
 func (j *Job) Task() gocron.Task {
 	return gocron.NewTask(j.Run)
 }
 
-// JobOptions returns the gocron job options pglock recommends for a job named name:
+// GocronOptions returns the gocron job options pglock recommends for a job named name:
 // gocron.WithName(name) and gocron.WithSingletonMode(gocron.LimitModeReschedule), so
 // that gocron refuses an overlap inside one process before pglock makes any store
 // call. Append options of your own to the result. gocron's NewJob refuses an empty name.
-func JobOptions(name string) []gocron.JobOption {
+func GocronOptions(name string) []gocron.JobOption {
 	return []gocron.JobOption{gocron.WithName(name), gocron.WithSingletonMode(gocron.LimitModeReschedule)}
 }
 
@@ -38,15 +37,15 @@ func JobOptions(name string) []gocron.JobOption {
 // every job (logged at debug with key, emitted as an EventJobSkipped); when the leader
 // dies, the first IsLeader after the ttl takes over; at Close the lease is handed back
 // (kept for the rest of the second after the last IsLeader that let a job run). opts
-// may set its TTL; Wait is ignored.
+// may set its TTL.
 //
 // key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
 // ErrInvalidArgument (a bad option, a taken key) or ErrClosed. IsLeader returns nil
 // on the leader, an error matching ErrNotAcquired elsewhere, ErrClosed once the
 // client's Close has begun, or a store error; ctx bounds its store call. It is safe for
 // concurrent use.
-func (c *Client) GocronElector(key string, opts ...LockOption) (gocron.Elector, error) {
-	lc, err := c.lockConfig(key, opts)
+func (c *Client) GocronElector(key string, opts ...Option) (gocron.Elector, error) {
+	lc, err := c.lockSettings(key, useGocron, "GocronElector", opts)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +85,12 @@ func (e *gocronElector) IsLeader(ctx context.Context) error {
 // Each job name is checked and registered as a Job's key at its first Lock (an error
 // matching ErrInvalidKey or ErrInvalidArgument then). At Close, runs between Lock and
 // Unlock finish (bounded by ctx) and the leases are handed back, each kept for the rest
-// of the second after its last run started. opts may set the leases' TTL; Wait is
-// ignored. GocronLocker returns an error matching ErrInvalidArgument for a bad option,
+// of the second after its last run started. opts may set the leases' TTL.
+// GocronLocker returns an error matching ErrInvalidArgument for a bad option,
 // or ErrClosed. The locker is safe for concurrent use.
-func (c *Client) GocronLocker(opts ...LockOption) (gocron.Locker, error) {
-	lc, err := c.lockOptions(opts)
+func (c *Client) GocronLocker(opts ...Option) (gocron.Locker, error) {
+	lc := settings{ttl: c.ttl}
+	err := applyOptions(&lc, useGocron, "GocronLocker", opts)
 	if err != nil {
 		return nil, err
 	}
@@ -161,10 +161,8 @@ type gocronLock struct {
 func (g *gocronLock) Unlock(context.Context) error {
 	var err error
 	g.once.Do(func() {
-		if cause := context.Cause(g.l.Context()); errors.Is(cause, ErrLockLost) {
-			err = cause
-		}
-		g.k.c.jobEvent(EventJobRan, g.job, g.l, "")
+		err = lostCause(g.l.Context())
+		g.k.c.emit(EventJobRan, g.job, g.l, "", nil)
 		g.k.runs.end()
 	})
 	return err

@@ -232,7 +232,7 @@ func TestJobOptionsLetGocronRefuseAnOverlapInOneProcess(t *testing.T) {
 		return nil
 	}, pglock.OnOneInstance(), pglock.WithoutOverlapping())
 	require.NoError(t, err)
-	gj, err := newScheduler(t).NewJob(gocron.DurationJob(time.Hour), job.Task(), pglock.JobOptions("weekly-report")...)
+	gj, err := newScheduler(t).NewJob(gocron.DurationJob(time.Hour), job.Task(), pglock.GocronOptions("weekly-report")...)
 	require.NoError(t, err)
 	require.Equal(t, "weekly-report", gj.Name())
 

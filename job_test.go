@@ -158,7 +158,7 @@ type jobInstance struct {
 }
 
 // start starts an instance named name; reconcile are the reconciliation's options.
-func (s *jobShop) start(t *testing.T, name string, logs *logBuffer, events *jobEvents, reconcile []pglock.JobOption, opts ...pglock.Option) jobInstance {
+func (s *jobShop) start(t *testing.T, name string, logs *logBuffer, events *jobEvents, reconcile []pglock.Option, opts ...pglock.Option) jobInstance {
 	t.Helper()
 	opts = append([]pglock.Option{pglock.WithInstanceName(name), pglock.WithLogger(newLogger(logs)),
 		pglock.WithEventHandler(events.record)}, opts...)
@@ -182,7 +182,7 @@ func (e *jobEvents) record(ev pglock.Event) {
 	e.mu.Unlock()
 }
 
-func (e *jobEvents) count(typ pglock.EventType, key, reason string) int {
+func (e *jobEvents) count(typ pglock.EventType, key string, reason pglock.Reason) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := 0
@@ -195,7 +195,7 @@ func (e *jobEvents) count(typ pglock.EventType, key, reason string) int {
 }
 
 // requireEvents waits for n events (they are delivered on the client's own goroutine).
-func requireEvents(t *testing.T, e *jobEvents, n int, typ pglock.EventType, key, reason string) {
+func requireEvents(t *testing.T, e *jobEvents, n int, typ pglock.EventType, key string, reason pglock.Reason) {
 	t.Helper()
 	require.Eventually(t, func() bool { return e.count(typ, key, reason) == n }, 5*time.Second, 5*time.Millisecond,
 		"want %d %q events of %q (reason %q), have %d", n, typ, key, reason, e.count(typ, key, reason))
@@ -272,9 +272,9 @@ func TestWithoutPglockThreeInstancesRunEveryTickThreeTimes(t *testing.T) {
 		s := newScheduler(t)
 		// The real schedules (02:00, every five minutes) must not come during the test:
 		// RunNow fires the ticks, through gocron, as the schedule would.
-		export, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(shop.exportInvoices), pglock.JobOptions("invoice-export")...)
+		export, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(shop.exportInvoices), pglock.GocronOptions("invoice-export")...)
 		require.NoError(t, err)
-		reconcile, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(shop.reconcileStock), pglock.JobOptions("stock-reconciliation")...)
+		reconcile, err := s.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(shop.reconcileStock), pglock.GocronOptions("stock-reconciliation")...)
 		require.NoError(t, err)
 		exports, reconciliations = append(exports, export), append(reconciliations, reconcile)
 	}
@@ -309,7 +309,7 @@ func TestOnOneInstanceRunsEachTickOnce(t *testing.T) {
 	var events jobEvents
 	var apps []jobInstance
 	for i := range 3 {
-		apps = append(apps, shop.start(t, fmt.Sprintf("instance-%d", i+1), &logs, &events, []pglock.JobOption{pglock.OnOneInstance()}))
+		apps = append(apps, shop.start(t, fmt.Sprintf("instance-%d", i+1), &logs, &events, []pglock.Option{pglock.OnOneInstance()}))
 	}
 
 	tickJobs(t, apps[0].export, apps[1].export, apps[2].export)
@@ -336,10 +336,10 @@ func TestOnOneInstanceMovesTheJobAfterTTLWhenItsOwnerDies(t *testing.T) {
 	var events jobEvents
 	// The crashed instance's clock stands still: it never renews, as if its process died.
 	stopped := pglocktest.NewManualClock(time.Now())
-	crashed := shop.start(t, "crashed", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()},
-		pglock.WithClock(stopped), pglock.WithTTL(time.Second))
+	crashed := shop.start(t, "crashed", &logs, &events, []pglock.Option{pglock.OnOneInstance()},
+		pglock.WithClock(stopped), pglock.TTL(time.Second))
 	t.Cleanup(func() { stopped.Advance(time.Second) }) // before its Close: it finds its lease lost
-	survivor := shop.start(t, "survivor", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()}, pglock.WithTTL(time.Second))
+	survivor := shop.start(t, "survivor", &logs, &events, []pglock.Option{pglock.OnOneInstance()}, pglock.TTL(time.Second))
 
 	require.NoError(t, crashed.export.Run(ctx))
 	require.NoError(t, survivor.export.Run(ctx))
@@ -364,7 +364,7 @@ func TestWithoutOverlappingSkipsEveryTickDuringARunThenRunsTheNext(t *testing.T)
 	var logs logBuffer
 	var events jobEvents
 	clock := pglocktest.NewManualClock(time.Now())
-	both := []pglock.JobOption{pglock.OnOneInstance(), pglock.WithoutOverlapping()}
+	both := []pglock.Option{pglock.OnOneInstance(), pglock.WithoutOverlapping()}
 	owner := shop.start(t, "owner", &logs, &events, both, pglock.WithClock(clock))
 	other := shop.start(t, "other", &logs, &events, both, pglock.WithClock(clock))
 	t.Cleanup(func() { clock.Advance(time.Second) }) // past the last run's first second, before Close
@@ -397,7 +397,7 @@ func TestWithoutOverlappingAloneRunsOnAnyInstanceOneRunAtATime(t *testing.T) {
 	shop := newJobShop(t, pglocktest.Postgres(t))
 	var logs logBuffer
 	var events jobEvents
-	only := []pglock.JobOption{pglock.WithoutOverlapping()}
+	only := []pglock.Option{pglock.WithoutOverlapping()}
 	a := shop.start(t, "a", &logs, &events, only)
 	b := shop.start(t, "b", &logs, &events, only)
 
@@ -423,9 +423,9 @@ func TestJobContextIsCancelledWhenTheLeaseIsLost(t *testing.T) {
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
 	var logs logBuffer
 	clockA := pglocktest.NewManualClock(time.Now())
-	a := newClient(t, store, pglock.WithTTL(time.Second), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
+	a := newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
 	t.Cleanup(func() { clockA.Advance(time.Second) }) // a failed test's Close does not wait on it
-	b := newClient(t, store, pglock.WithTTL(time.Second), quiet)
+	b := newClient(t, store, pglock.TTL(time.Second), quiet)
 	started := make(chan *pglock.Lock, 1)
 	jobA, err := a.Job("reports:daily", func(ctx context.Context) error {
 		l, _ := pglock.FromContext(ctx)
@@ -682,23 +682,27 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"JobTTLOnlyIsNoOption", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.JobTTL(time.Second))
+			_, err := c.Job("nightly", fn, pglock.TTL(time.Second))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"JobNilOption", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), nil)
+		{"JobZeroOption", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.Option{})
+			return err
+		}, pglock.ErrInvalidArgument},
+		{"WaitIsNotAnOptionOfJob", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.Wait(time.Second))
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"JobTTLZero", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.JobTTL(0))
+			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.TTL(0))
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"JobTTLNegative", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.JobTTL(-time.Second))
+			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.TTL(-time.Second))
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"JobTTLOverAYear", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.WithoutOverlapping(), pglock.JobTTL(pglock.MaxTTL+time.Millisecond))
+			_, err := c.Job("nightly", fn, pglock.WithoutOverlapping(), pglock.TTL(pglock.MaxTTL+time.Millisecond))
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"GocronElectorEmptyKey", "", func(t *testing.T, c *pglock.Client) error {
@@ -713,16 +717,24 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 			_, err := c.GocronElector("nightly", pglock.TTL(0))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"GocronElectorNilOption", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronElector("nightly", nil)
+		{"GocronElectorZeroOption", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronElector("nightly", pglock.Option{})
+			return err
+		}, pglock.ErrInvalidArgument},
+		{"WaitIsNotAnOptionOfGocronElector", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronElector("nightly", pglock.Wait(0))
+			return err
+		}, pglock.ErrInvalidArgument},
+		{"WaitIsNotAnOptionOfGocronLocker", "", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronLocker(pglock.Wait(0))
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"GocronLockerBadTTL", "", func(t *testing.T, c *pglock.Client) error {
 			_, err := c.GocronLocker(pglock.TTL(pglock.MaxTTL + time.Millisecond))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"GocronLockerNilOption", "", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronLocker(nil)
+		{"GocronLockerZeroOption", "", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronLocker(pglock.Option{})
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"GocronLockerEmptyJobName", "", func(t *testing.T, c *pglock.Client) error {

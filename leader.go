@@ -10,21 +10,9 @@ import (
 	"time"
 )
 
-// Why a leader stepped down, in the Reason of an EventLeadershipLost event and in the
-// "pglock: stepped down" log line. A lost lease gives its LockLostError's reason
-// instead (ReasonRefused, ReasonExpired).
-const (
-	// ReasonResigned: Election.Resign was called.
-	ReasonResigned = "resigned"
-	// ReasonClosed: the Client was closed.
-	ReasonClosed = "the client closed"
-	// ReasonOnAcquiredFailed: OnAcquired returned an error or panicked; the instance
-	// campaigns again after ttl/3.
-	ReasonOnAcquiredFailed = "OnAcquired returned an error or panicked"
-)
-
-// Leader is what an instance does while it leads an election: see Client.Elect.
-type Leader struct {
+// LeaderCallbacks is what an instance does while it leads an election: see
+// Client.Elect.
+type LeaderCallbacks struct {
 	// OnAcquired is called, on a goroutine of the election's, when this instance
 	// starts leading, with the lease (whose Token fences what the leader writes). ctx
 	// carries the lease (FromContext) and is cancelled when the leadership ends, with
@@ -42,9 +30,6 @@ type Leader struct {
 	// same goroutine; on a voluntary step-down, before the lease is handed back, so
 	// that the next leader's work never overlaps this one's. Optional.
 	OnLost func(lock *Lock)
-	// TTL is the lease's ttl: zero means the client's (WithTTL). A crashed leader is
-	// replaced within TTL; instances campaign every TTL/3.
-	TTL time.Duration
 }
 
 // Election is this instance's part in a leader election on a key: see Client.Elect.
@@ -52,7 +37,7 @@ type Leader struct {
 type Election struct {
 	c      *Client
 	key    string
-	leader Leader
+	leader LeaderCallbacks
 	ttl    time.Duration
 	ctx    context.Context         // the election's lifetime
 	end    context.CancelCauseFunc // ends it, with ErrResigned or ErrClosed
@@ -72,24 +57,22 @@ type Election struct {
 // info ("pglock: leading", "pglock: stepped down") and emitted as
 // EventLeadershipAcquired and EventLeadershipLost.
 //
+// The lease's ttl is the client's unless TTL sets it: a crashed leader is replaced
+// within it, and instances campaign every ttl/3.
+//
 // A key is one election per client, and cannot also be a job's key. Elect returns an
 // error wrapping ErrInvalidKey for a bad key, ErrInvalidArgument for a nil OnAcquired,
-// a TTL out of range or a key already registered on this client, and ErrClosed after
+// a bad option or a key already registered on this client, and ErrClosed after
 // Close; it then starts nothing. It is safe for concurrent use.
-func (c *Client) Elect(key string, leader Leader) (*Election, error) {
-	if err := checkKey(key); err != nil {
+func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Election, error) {
+	cfg, err := c.lockSettings(key, useElect, "Elect", opts)
+	if err != nil {
 		return nil, err
 	}
 	if leader.OnAcquired == nil {
 		return nil, invalidArg("Elect: nil OnAcquired")
 	}
-	ttl := c.ttl
-	if leader.TTL != 0 {
-		if err := checkTTL("Elect: Leader.TTL", leader.TTL); err != nil {
-			return nil, err
-		}
-		ttl = leader.TTL
-	}
+	ttl := cfg.ttl
 	if err := c.register(fmt.Sprintf("election %q", key), key); err != nil {
 		return nil, err
 	}
@@ -142,17 +125,7 @@ func (e *Election) Leader(ctx context.Context) (Holder, error) {
 // or ctx ends.
 func (e *Election) stop(ctx context.Context, why error) error {
 	e.end(why)
-	select {
-	case <-e.done:
-		return nil
-	default:
-	}
-	select {
-	case <-e.done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return waitDone(ctx, e.done)
 }
 
 // run campaigns until the election ends.
@@ -172,14 +145,10 @@ func (e *Election) run() {
 				wake = nil // campaign again after ttl/3, not at once
 			}
 		case errors.Is(err, ErrNotAcquired):
-			if !w.want(e.ctx) {
-				if freeAgain(e.ctx, &free, e.ttl/3) != nil {
-					return
-				}
-				continue
+			if e.c.waitTurn(e.ctx, w, e.ttl/3, &free) != nil {
+				return
 			}
-			free = 0
-			wake = w.woken()
+			continue
 		case errors.Is(err, ErrClosed):
 			return
 		default:
@@ -211,7 +180,7 @@ func (e *Election) lead(l *Lock) (failed bool) {
 	e.lock = l
 	e.mu.Unlock()
 	e.c.logger.Info("pglock: leading", slog.String("key", e.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
-	e.c.emit(EventLeadershipAcquired, l, "")
+	e.c.emit(EventLeadershipAcquired, e.key, l, "", nil)
 
 	returned := make(chan error, 1)
 	go func() { returned <- e.onAcquired(ctx, l) }()
@@ -233,20 +202,16 @@ func (e *Election) lead(l *Lock) (failed bool) {
 	// Why the term ends: a lost lease first, then Resign or Close, then OnAcquired.
 	var lost *LockLostError
 	var cause error
-	var reason string
+	var reason Reason
 	switch {
 	case errors.As(context.Cause(l.Context()), &lost):
 		cause, reason = lost, lost.Reason
 	case e.ctx.Err() != nil:
-		cause = context.Cause(e.ctx)
-		reason = ReasonClosed
-		if errors.Is(cause, ErrResigned) {
-			reason = ReasonResigned
-		}
+		cause = context.Cause(e.ctx) // ErrResigned or ErrClosed
 	case err != nil:
 		cause, reason, failed = err, ReasonOnAcquiredFailed, true
 	default: // the lease was released under the election: only Close does that
-		cause, reason = ErrClosed, ReasonClosed
+		cause = ErrClosed
 	}
 	e.mu.Lock()
 	e.lock = nil
@@ -256,12 +221,12 @@ func (e *Election) lead(l *Lock) (failed bool) {
 		<-returned // what it returns once cancelled is no reason to step down: there is one
 	}
 	e.onLost(l)
-	attrs := []any{slog.String("key", e.key), slog.Int64("token", l.Token()), slog.String("reason", reason)}
-	if failed {
-		attrs = append(attrs, slog.Any("err", cause))
+	attrs := []any{slog.String("key", e.key), slog.Int64("token", l.Token())}
+	if reason != "" {
+		attrs = append(attrs, slog.String("reason", string(reason)))
 	}
-	e.c.logger.Info("pglock: stepped down", attrs...)
-	e.c.emit(EventLeadershipLost, l, reason)
+	e.c.logger.Info("pglock: stepped down", append(attrs, slog.Any("err", cause))...)
+	e.c.emit(EventLeadershipLost, e.key, l, reason, cause)
 	if lost == nil {
 		e.handBack(l)
 	}

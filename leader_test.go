@@ -49,9 +49,9 @@ func newFeed(t testing.TB, instances int) *feed {
 	return &feed{t: t, acquired: make(chan term, 1000), lost: make(chan term, 1000), leading: make([]atomic.Bool, instances)}
 }
 
-func (f *feed) leader(who int) pglock.Leader {
+func (f *feed) leader(who int) pglock.LeaderCallbacks {
 	var ctx context.Context
-	return pglock.Leader{
+	return pglock.LeaderCallbacks{
 		OnAcquired: func(c context.Context, l *pglock.Lock) error {
 			if f.leading[who].Swap(true) {
 				f.t.Errorf("instance %d: OnAcquired while it leads", who)
@@ -101,9 +101,20 @@ func (l *eventLog) leadership() []string {
 	defer l.mu.Unlock()
 	var out []string
 	for _, e := range l.events {
-		if e.Type == pglock.EventLeadershipAcquired || e.Type == pglock.EventLeadershipLost {
-			out = append(out, string(e.Type)+": "+e.Reason)
+		if e.Type != pglock.EventLeadershipAcquired && e.Type != pglock.EventLeadershipLost {
+			continue
 		}
+		s := string(e.Type)
+		if e.Reason != "" {
+			s += ": " + string(e.Reason)
+		}
+		switch {
+		case errors.Is(e.Err, pglock.ErrClosed):
+			s += ": ErrClosed"
+		case errors.Is(e.Err, pglock.ErrResigned):
+			s += ": ErrResigned"
+		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -118,7 +129,7 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	logs := make([]logBuffer, 3)
 	events := make([]eventLog, 3)
 	for i := range clients {
-		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second),
+		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second),
 			pglock.WithLogger(newLogger(&logs[i])), pglock.WithEventHandler(events[i].add))
 	}
 	var err error
@@ -158,10 +169,10 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	require.False(t, elections[0].IsLeader())
 	require.True(t, elections[second.who].IsLeader())
 	require.Contains(t, logs[0].String(), `level=INFO msg="pglock: stepped down" key=inventory:warehouse-feed token=`)
-	require.Contains(t, logs[0].String(), `reason="the client closed"`)
-	require.Equal(t, []string{"leadership acquired: ", "leadership lost: the client closed"}, events[0].leadership())
+	require.Contains(t, logs[0].String(), `err="pglock: client closed"`)
+	require.Equal(t, []string{"leadership acquired", "leadership lost: ErrClosed"}, events[0].leadership())
 	require.Eventually(t, func() bool { return len(events[second.who].leadership()) == 1 }, 2*time.Second, 5*time.Millisecond)
-	require.Equal(t, []string{"leadership acquired: "}, events[second.who].leadership())
+	require.Equal(t, []string{"leadership acquired"}, events[second.who].leadership())
 	_, err = elections[0].Leader(ctx)
 	require.ErrorIs(t, err, pglock.ErrClosed)
 	require.NoError(t, elections[0].Resign(ctx), "resigning from an election its Close ended")
@@ -175,14 +186,14 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	paused := pglocktest.NewManualClock(time.Now())
 	var logs logBuffer
 	var events eventLog
-	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second), pglock.WithClock(paused),
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second), pglock.WithClock(paused),
 		pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
 	ea, err := a.Elect(feedKey, f.leader(0))
 	require.NoError(t, err)
 	old := next(t, f.acquired, "leader")
 	elections := []*pglock.Election{ea}
 	for i := 1; i < 3; i++ {
-		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
 		e, err := c.Elect(feedKey, f.leader(i))
 		require.NoError(t, err)
 		elections = append(elections, e)
@@ -208,8 +219,8 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	require.ErrorAs(t, context.Cause(old.ctx), &lockLost)
 	require.Equal(t, pglock.ReasonRefused, lockLost.Reason)
 	require.Eventually(t, func() bool { return len(events.leadership()) == 2 }, 2*time.Second, 5*time.Millisecond)
-	require.Equal(t, []string{"leadership acquired: ", "leadership lost: " + pglock.ReasonRefused}, events.leadership())
-	require.Contains(t, logs.String(), `reason="the store refused a renewal"`)
+	require.Equal(t, []string{"leadership acquired", "leadership lost: refused"}, events.leadership())
+	require.Contains(t, logs.String(), `reason=refused`)
 	require.True(t, elections[newer.who].IsLeader())
 }
 
@@ -230,11 +241,11 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 			clock := pglocktest.NewManualClock(time.Now())
 			var logs logBuffer
 			var events eventLog
-			c := newPoolClient(t, pglocktest.Postgres(t), pglock.WithTTL(time.Second), pglock.WithClock(clock),
+			c := newPoolClient(t, pglocktest.Postgres(t), pglock.TTL(time.Second), pglock.WithClock(clock),
 				pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
 			acquired, lost := make(chan *pglock.Lock, 2), make(chan *pglock.Lock, 2)
 			var calls atomic.Int32
-			e, err := c.Elect(feedKey, pglock.Leader{
+			e, err := c.Elect(feedKey, pglock.LeaderCallbacks{
 				OnAcquired: func(ctx context.Context, l *pglock.Lock) error {
 					acquired <- l
 					if calls.Add(1) == 1 {
@@ -251,7 +262,7 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 				"the lease is handed back")
 			require.Contains(t, logs.String(), tc.log)
 			require.Contains(t, logs.String(), `msg="pglock: stepped down" key=inventory:warehouse-feed token=`)
-			require.Contains(t, logs.String(), `reason="OnAcquired returned an error or panicked"`)
+			require.Contains(t, logs.String(), `reason=on-acquired-failed`)
 
 			// It campaigns again after ttl/3 on its clock, which stands still until told.
 			require.Never(t, func() bool { return len(acquired) > 0 }, 200*time.Millisecond, 10*time.Millisecond)
@@ -262,8 +273,8 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 			require.NoError(t, e.Resign(ctx))
 			require.Same(t, second, next(t, lost, "OnLost again"))
 			require.Eventually(t, func() bool { return len(events.leadership()) == 4 }, 2*time.Second, 5*time.Millisecond)
-			require.Equal(t, []string{"leadership acquired: ", "leadership lost: " + pglock.ReasonOnAcquiredFailed,
-				"leadership acquired: ", "leadership lost: " + pglock.ReasonResigned}, events.leadership())
+			require.Equal(t, []string{"leadership acquired", "leadership lost: on-acquired-failed",
+				"leadership acquired", "leadership lost: ErrResigned"}, events.leadership())
 		})
 	}
 }
@@ -280,10 +291,10 @@ func TestRapidHandoversNeverOverlap(t *testing.T) {
 	const instances, handovers = 3, 200
 	var leaders, terms atomic.Int32
 	acquired := make(chan term, handovers+instances)
-	leader := func(who int) pglock.Leader {
+	leader := func(who int) pglock.LeaderCallbacks {
 		var inTerm atomic.Bool
 		var ctxs sync.Map // lock → OnAcquired's ctx
-		return pglock.Leader{
+		return pglock.LeaderCallbacks{
 			OnAcquired: func(c context.Context, l *pglock.Lock) error {
 				if n := leaders.Add(1); n != 1 {
 					t.Errorf("%d leaders at once", n)
@@ -322,7 +333,7 @@ func TestRapidHandoversNeverOverlap(t *testing.T) {
 	clients := make([]*pglock.Client, instances)
 	elections := make([]*pglock.Election, instances)
 	for i := range clients {
-		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
 		var err error
 		elections[i], err = clients[i].Elect(feedKey, leader(i))
 		require.NoError(t, err)
@@ -349,8 +360,8 @@ func TestResignHandsOverAndWaitsBoundedByCtx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	url := pglocktest.PostgresURL(t)
-	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
-	b := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithTTL(time.Second))
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
+	b := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
 	finish := make(chan struct{})
 	var order []string
 	var mu sync.Mutex
@@ -360,7 +371,7 @@ func TestResignHandsOverAndWaitsBoundedByCtx(t *testing.T) {
 		mu.Unlock()
 	}
 	started := make(chan struct{})
-	ea, err := a.Elect(feedKey, pglock.Leader{
+	ea, err := a.Elect(feedKey, pglock.LeaderCallbacks{
 		OnAcquired: func(ctx context.Context, l *pglock.Lock) error {
 			close(started)
 			<-ctx.Done()
@@ -379,7 +390,7 @@ func TestResignHandsOverAndWaitsBoundedByCtx(t *testing.T) {
 	require.NoError(t, err)
 	<-started
 	tookOver := make(chan struct{})
-	_, err = b.Elect(feedKey, pglock.Leader{OnAcquired: func(context.Context, *pglock.Lock) error {
+	_, err = b.Elect(feedKey, pglock.LeaderCallbacks{OnAcquired: func(context.Context, *pglock.Lock) error {
 		note("b: OnAcquired")
 		close(tookOver)
 		return nil
@@ -407,9 +418,9 @@ func TestLeaderReadsTheHolderFromTheStore(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	clock := pglocktest.NewManualClock(time.Now())
-	c := newClient(t, pglock.NewMemoryStore(clock), pglock.WithClock(clock), pglock.WithTTL(time.Minute), quiet)
+	c := newClient(t, pglock.NewMemoryStore(clock), pglock.WithClock(clock), pglock.TTL(time.Minute), quiet)
 	locks := make(chan *pglock.Lock, 1)
-	e, err := c.Elect(feedKey, pglock.Leader{OnAcquired: func(_ context.Context, l *pglock.Lock) error {
+	e, err := c.Elect(feedKey, pglock.LeaderCallbacks{OnAcquired: func(_ context.Context, l *pglock.Lock) error {
 		locks <- l
 		return nil
 	}})
@@ -451,7 +462,7 @@ func TestLeaderBadCalls(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newClient(t, tc.store, quiet)
-			e, err := c.Elect("leader-bad-calls:"+tc.name, pglock.Leader{OnAcquired: onAcquired})
+			e, err := c.Elect("leader-bad-calls:"+tc.name, pglock.LeaderCallbacks{OnAcquired: onAcquired})
 			require.NoError(t, err)
 			ctx := t.Context()
 			if tc.ctx != nil {
@@ -473,35 +484,38 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 		started <- l.Key()
 		return nil
 	}
-	taken, err := c.Elect("taken", pglock.Leader{OnAcquired: onAcquired})
+	taken, err := c.Elect("taken", pglock.LeaderCallbacks{OnAcquired: onAcquired})
 	require.NoError(t, err)
 	require.Equal(t, "taken", next(t, started, "OnAcquired"))
 	closed, err := pglock.NewWithStore(pglock.NewPostgresStore(pool))
 	require.NoError(t, err)
 	require.NoError(t, closed.Close(t.Context()))
 
-	valid := pglock.Leader{OnAcquired: onAcquired}
+	valid := pglock.LeaderCallbacks{OnAcquired: onAcquired}
 	cases := []struct {
 		name   string
 		client *pglock.Client
 		key    string
-		leader pglock.Leader
+		leader pglock.LeaderCallbacks
+		opts   []pglock.Option
 		want   error
 	}{
-		{"EmptyKey", c, "", valid, pglock.ErrInvalidKey},
-		{"KeyOver500Characters", c, strings.Repeat("é", pglock.MaxKeyLength+1), valid, pglock.ErrInvalidKey},
-		{"InvalidUTF8", c, "inv\xffalid", valid, pglock.ErrInvalidKey},
-		{"NULByte", c, "nul\x00key", valid, pglock.ErrInvalidKey},
-		{"NilOnAcquired", c, "free", pglock.Leader{OnLost: func(*pglock.Lock) {}}, pglock.ErrInvalidArgument},
-		{"TTLUnder1ms", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: time.Microsecond}, pglock.ErrInvalidArgument},
-		{"NegativeTTL", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: -time.Second}, pglock.ErrInvalidArgument},
-		{"TTLOverOneYear", c, "free", pglock.Leader{OnAcquired: onAcquired, TTL: pglock.MaxTTL + time.Millisecond}, pglock.ErrInvalidArgument},
-		{"KeyOfAnotherElection", c, "taken", valid, pglock.ErrInvalidArgument},
-		{"AfterClose", closed, "free", valid, pglock.ErrClosed},
+		{"EmptyKey", c, "", valid, nil, pglock.ErrInvalidKey},
+		{"KeyOver500Characters", c, strings.Repeat("é", pglock.MaxKeyLength+1), valid, nil, pglock.ErrInvalidKey},
+		{"InvalidUTF8", c, "inv\xffalid", valid, nil, pglock.ErrInvalidKey},
+		{"NULByte", c, "nul\x00key", valid, nil, pglock.ErrInvalidKey},
+		{"NilOnAcquired", c, "free", pglock.LeaderCallbacks{OnLost: func(*pglock.Lock) {}}, nil, pglock.ErrInvalidArgument},
+		{"TTLUnder1ms", c, "free", valid, []pglock.Option{pglock.TTL(time.Microsecond)}, pglock.ErrInvalidArgument},
+		{"NegativeTTL", c, "free", valid, []pglock.Option{pglock.TTL(-time.Second)}, pglock.ErrInvalidArgument},
+		{"TTLOverOneYear", c, "free", valid, []pglock.Option{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, pglock.ErrInvalidArgument},
+		{"WaitIsNotAnOptionOfElect", c, "free", valid, []pglock.Option{pglock.Wait(time.Second)}, pglock.ErrInvalidArgument},
+		{"ZeroOption", c, "free", valid, []pglock.Option{{}}, pglock.ErrInvalidArgument},
+		{"KeyOfAnotherElection", c, "taken", valid, nil, pglock.ErrInvalidArgument},
+		{"AfterClose", closed, "free", valid, nil, pglock.ErrClosed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e, err := tc.client.Elect(tc.key, tc.leader)
+			e, err := tc.client.Elect(tc.key, tc.leader, tc.opts...)
 			require.ErrorIs(t, err, tc.want)
 			require.Nil(t, e)
 			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())

@@ -96,7 +96,7 @@ func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	t.Parallel()
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
 	const ttl = time.Second
-	a, err := pglock.NewWithStore(store, quiet, pglock.WithTTL(ttl))
+	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
 
@@ -156,7 +156,7 @@ func TestAcquireWhoseCtxEndsInFlightHandsTheKeyBack(t *testing.T) {
 	url := pglocktest.PostgresURL(t)
 	slow, proxy := proxiedPool(t, url, 1)
 	const ttl = 10 * time.Second
-	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.WithTTL(ttl))
+	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(ttl))
 	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
 	warm, err := a.TryAcquire(t.Context(), "warm") // the connection has the statements prepared
 	require.NoError(t, err)
@@ -267,7 +267,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
 	require.NoError(t, err)
-	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.WithTTL(300*time.Millisecond),
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(300*time.Millisecond),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
 	l, err := paused.TryAcquire(t.Context(), "doc:1")
 	require.NoError(t, err)
@@ -359,7 +359,7 @@ func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
 	clock := pglocktest.NewManualClock(time.Now())
 	const ttl = time.Second
 	late := &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl - ttl/10}
-	a := newClient(t, late, quiet, pglock.WithTTL(ttl), pglock.WithClock(clock))
+	a := newClient(t, late, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	b := newClient(t, pglock.NewPostgresStore(pool), quiet)
 	_, err := a.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)

@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,12 +164,7 @@ func (l *listener) close(ctx context.Context) error {
 		return nil
 	}
 	cancel()
-	select {
-	case <-l.done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return waitDone(ctx, l.done)
 }
 
 // run keeps a connection LISTENing until ctx ends.
@@ -248,10 +242,4 @@ func closeConn(ctx context.Context, conn *pgx.Conn) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
 	_ = conn.Close(ctx)
-}
-
-// jitter returns a duration between d/2 and d, so that callers that failed together
-// retry apart.
-func jitter(d time.Duration) time.Duration {
-	return d/2 + rand.N(d/2+1)
 }

@@ -263,7 +263,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 // 000001 wrote it, before it learnt to notify.
 func releaseV1(tb testing.TB) string {
 	tb.Helper()
-	script, err := fs.ReadFile(pglock.Migrations, "000001_locks.up.sql")
+	script, err := fs.ReadFile(pglock.Migrations(), "000001_locks.up.sql")
 	require.NoError(tb, err)
 	s := string(script)
 	start := strings.Index(s, "CREATE OR REPLACE FUNCTION pglock.lock_release(")
@@ -282,9 +282,9 @@ func BenchmarkAcquireReleaseNoWaiters16(b *testing.B) {
 	v1 := pglocktest.Postgres(b)
 	_, err := v1.Exec(ctx, releaseV1(b))
 	require.NoError(b, err)
-	notify := acquireRelease(newPoolClient(b, pglocktest.Postgres(b), pglock.WithTTL(time.Minute)), 16)
+	notify := acquireRelease(newPoolClient(b, pglocktest.Postgres(b), pglock.TTL(time.Minute)), 16)
 	notify.name = "notify"
-	plain := acquireRelease(newPoolClient(b, v1, pglock.WithTTL(time.Minute)), 16)
+	plain := acquireRelease(newPoolClient(b, v1, pglock.TTL(time.Minute)), 16)
 	plain.name = "v1"
 	ops := []benchOp{notify, plain}
 	warmUp(b, ops...)
@@ -308,8 +308,8 @@ func BenchmarkHandoverLatency(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := b.Context()
 			pool := pglocktest.Postgres(b)
-			holder := newClient(b, pglock.NewPostgresStore(pool), pglock.WithTTL(time.Minute))
-			waiter := newPoolClient(b, pool, append(tc.opts, pglock.WithTTL(time.Minute))...)
+			holder := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
+			waiter := newPoolClient(b, pool, append(tc.opts, pglock.TTL(time.Minute))...)
 			_, err := pool.Exec(ctx, "CREATE TABLE floor (id int PRIMARY KEY, v bigint NOT NULL); INSERT INTO floor VALUES (1, 0)")
 			require.NoError(b, err)
 			floor := func() time.Duration {

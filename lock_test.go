@@ -53,8 +53,8 @@ func TestPausedHolderLosesLockAfterTTLOnDatabaseClock(t *testing.T) {
 	store := pglock.NewPostgresStore(pool)
 	clockA := pglocktest.NewManualClock(time.Now())
 	var logs logBuffer
-	a := newClient(t, store, pglock.WithTTL(time.Second), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
-	b := newClient(t, store, pglock.WithTTL(time.Second))
+	a := newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
+	b := newClient(t, store, pglock.TTL(time.Second))
 
 	lockA, err := a.TryAcquire(ctx, "inventory:stock-reconciliation")
 	require.NoError(t, err)

@@ -19,13 +19,11 @@ import (
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
-// Migrations is the schema pglock needs, as golang-migrate migrations
-// (NNNNNN_name.up.sql / .down.sql). Migrate applies them; sql/pglock.sql is the same
-// schema as one idempotent script for other migration tools.
-var Migrations fs.FS = mustSub(migrationFiles, "migrations")
-
-func mustSub(f fs.FS, dir string) fs.FS {
-	sub, err := fs.Sub(f, dir)
+// Migrations returns the schema pglock needs, as golang-migrate migrations
+// (NNNNNN_name.up.sql / .down.sql), for a migration tool of your own. Migrate applies
+// them; sql/pglock.sql is the same schema as one idempotent script.
+func Migrations() fs.FS {
+	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embed pattern above guarantees the directory
 	}
@@ -64,7 +62,7 @@ func Migrate(ctx context.Context, databaseURL string) error {
 		_ = db.Close()
 		return fmt.Errorf("pglock: migrate: %w", err)
 	}
-	src, err := iofs.New(Migrations, ".")
+	src, err := iofs.New(Migrations(), ".")
 	if err != nil {
 		_ = driver.Close()
 		return fmt.Errorf("pglock: migrate: %w", err)

@@ -36,7 +36,7 @@ func TestMigrateFromThreeInstancesAtOnce(t *testing.T) {
 	var dirty bool
 	require.NoError(t, conn.QueryRow(ctx, "SELECT version, dirty FROM pglock.schema_migrations").Scan(&version, &dirty))
 	require.False(t, dirty)
-	names, err := schema.Versions(pglock.Migrations)
+	names, err := schema.Versions(pglock.Migrations())
 	require.NoError(t, err)
 	require.Equal(t, names[len(names)-1], version)
 	require.NoError(t, pglock.Migrate(ctx, url), "migrating an up-to-date schema is a no-op")
@@ -89,7 +89,7 @@ func TestMigrateTakesTheLibpqDefaultsAndKeyValueStrings(t *testing.T) {
 
 func TestSQLScriptIsFresh(t *testing.T) {
 	t.Parallel()
-	want, err := schema.Script(pglock.Migrations)
+	want, err := schema.Script(pglock.Migrations())
 	require.NoError(t, err)
 	got, err := os.ReadFile("sql/pglock.sql")
 	require.NoError(t, err)

@@ -1,9 +1,11 @@
 package pglock
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -18,83 +20,153 @@ const (
 	// lease longer than a year is a configuration mistake.
 	MinTTL = time.Millisecond
 	MaxTTL = 365 * 24 * time.Hour
-	// DefaultTTL is the ttl of a Client without WithTTL: how long a lock lives without
-	// a renewal, so how soon another instance takes over after a crash.
+	// DefaultTTL is the ttl of a Client without the TTL option: how long a lock lives
+	// without a renewal, so how soon another instance takes over after a crash.
 	DefaultTTL = 30 * time.Second
 )
 
-// Option configures a Client. An invalid option makes New return an error wrapping
-// ErrInvalidArgument that names it.
-type Option func(*config) error
-
-type config struct {
-	ttl      time.Duration
-	logger   *slog.Logger
-	clock    Clock
-	instance string
-	onEvent  func(Event)
-	listen   *pgx.ConnConfig // the listener's connection (New); nil: waiting polls
-	noListen bool
+// Option configures a Client (New, NewWithStore), one acquisition (TryAcquire,
+// Acquire, WithLock), a Job, an election (Elect) or a gocron adapter (GocronElector,
+// GocronLocker). Each option's doc says where it applies; given anywhere else, or out
+// of range, it makes the call return an error wrapping ErrInvalidArgument that names
+// the option and the call, and the call does nothing.
+type Option struct {
+	name  string
+	where use
+	apply func(*settings) error
 }
 
-// WithTTL sets the default ttl of the client's locks (DefaultTTL if not set): between
-// MinTTL and MaxTTL. Locks are renewed every ttl/3.
-func WithTTL(ttl time.Duration) Option {
-	return func(c *config) error {
-		if err := checkTTL("WithTTL", ttl); err != nil {
-			return err
+// use is a set of the calls an Option applies to.
+type use uint8
+
+const (
+	useClient  use = 1 << iota // New, NewWithStore
+	useTry                     // TryAcquire
+	useAcquire                 // Acquire, WithLock
+	useJob                     // Client.Job
+	useElect                   // Client.Elect
+	useGocron                  // GocronElector, GocronLocker
+)
+
+var useNames = []string{"New", "TryAcquire", "Acquire and WithLock", "Job", "Elect", "the gocron adapters"}
+
+func (u use) String() string {
+	var names []string
+	for i, name := range useNames {
+		if u&(1<<i) != 0 {
+			names = append(names, name)
 		}
-		c.ttl = ttl
-		return nil
 	}
+	return strings.Join(names, ", ")
 }
 
-// WithLogger sets the logger; nil means slog.Default(). Routine acquisitions, renewals,
-// releases and skipped ticks log at debug, a job or leadership changing hands at info,
-// a lost lock at warn. Attribute keys are key, owner, token, ttl and err.
-func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error {
-		c.logger = l
-		return nil
+// settings is what the options set, for every kind of call; each call reads its part.
+type settings struct {
+	ttl                time.Duration
+	wait               time.Duration
+	waitSet            bool
+	logger             *slog.Logger
+	clock              Clock
+	instance           string
+	onEvent            func(Event)
+	listen             *pgx.ConnConfig // the listener's connection (New); nil: waiting polls
+	noListen           bool
+	oneInstance        bool
+	withoutOverlapping bool
+}
+
+// applyOptions applies opts, given to call (one use), over s.
+func applyOptions(s *settings, call use, callName string, opts []Option) error {
+	for _, opt := range opts {
+		if opt.apply == nil {
+			return invalidArg("%s: zero Option", callName)
+		}
+		if opt.where&call == 0 {
+			return invalidArg("%s: %s is not an option of %s (it applies to %s)", callName, opt.name, callName, opt.where)
+		}
+		if err := opt.apply(s); err != nil {
+			return fmt.Errorf("%w: %s: %s: %s", ErrInvalidArgument, callName, opt.name, err)
+		}
 	}
+	return nil
+}
+
+// TTL sets how long a lock lives without a renewal, between MinTTL and MaxTTL: given to
+// New, the default of the client's locks (DefaultTTL when not set); given to
+// TryAcquire, Acquire, WithLock, Job, Elect or a gocron adapter, the ttl of its locks.
+// Locks are renewed every ttl/3; a holder that dies is replaced after about ttl.
+func TTL(ttl time.Duration) Option {
+	return Option{name: "TTL", where: useClient | useTry | useAcquire | useJob | useElect | useGocron,
+		apply: func(s *settings) error {
+			if ttl < MinTTL || ttl > MaxTTL {
+				return fmt.Errorf("%v: want %v to %v", ttl, MinTTL, MaxTTL)
+			}
+			s.ttl = ttl
+			return nil
+		}}
+}
+
+// Wait bounds how long Acquire and WithLock wait for a held key, on the client's clock.
+// Zero means one attempt. Without Wait they wait until their ctx ends. It applies to
+// Acquire and WithLock only.
+func Wait(d time.Duration) Option {
+	return Option{name: "Wait", where: useAcquire, apply: func(s *settings) error {
+		if d < 0 {
+			return fmt.Errorf("%v is negative", d)
+		}
+		s.wait, s.waitSet = d, true
+		return nil
+	}}
+}
+
+// WithLogger sets the client's logger; nil means slog.Default(). Routine acquisitions,
+// renewals, releases and skipped ticks log at debug, a job or leadership changing hands
+// at info, a lost lock at warn. Attribute keys are key, owner, token, ttl, reason and
+// err. It applies to New and NewWithStore.
+func WithLogger(l *slog.Logger) Option {
+	return Option{name: "WithLogger", where: useClient, apply: func(s *settings) error {
+		s.logger = l
+		return nil
+	}}
 }
 
 // WithClock sets the clock the client renews, waits and counts deadlines on; nil means
-// RealClock. Expiry is always measured by the store. Tests use pglocktest.ManualClock.
+// the real clock. Expiry is always measured by the store. Tests use
+// pglocktest.ManualClock. It applies to New and NewWithStore.
 func WithClock(clock Clock) Option {
-	return func(c *config) error {
-		c.clock = clock
+	return Option{name: "WithClock", where: useClient, apply: func(s *settings) error {
+		s.clock = clock
 		return nil
-	}
+	}}
 }
 
 // WithInstanceName sets the prefix of every owner id the client draws (default
-// "hostname/pid"), so the locks table says which instance holds what. It must be
-// 1 to 200 characters of valid UTF-8 without NUL bytes.
+// "hostname/pid"), so the locks table says which instance holds what. It must be 1 to
+// 200 characters of valid UTF-8 without NUL bytes. It applies to New and NewWithStore.
 func WithInstanceName(name string) Option {
-	return func(c *config) error {
+	return Option{name: "WithInstanceName", where: useClient, apply: func(s *settings) error {
 		if name == "" || utf8.RuneCountInString(name) > 200 || !validText(name) {
-			return invalidArg("WithInstanceName: %q: want 1 to 200 characters of valid UTF-8 without NUL", name)
+			return fmt.Errorf("%q: want 1 to 200 characters of valid UTF-8 without NUL", name)
 		}
-		c.instance = name
+		s.instance = name
 		return nil
-	}
+	}}
 }
 
 // WithEventHandler sets a function called with every Event, in order, on one goroutine
 // of the client's own: a slow handler delays later events, never renewals or callers.
 // Events queue without bound while the handler is slow. Close waits for the queue to
-// drain; an event that comes after Close has returned (a leader that Close gave up
-// waiting for steps down later) is dropped. A panic in the handler is recovered and
-// logged.
+// drain (bounded by its ctx); an event that comes after Close has returned (a leader
+// that Close gave up waiting for steps down later) is dropped. A panic in the handler
+// is recovered and logged. It applies to New and NewWithStore.
 func WithEventHandler(h func(Event)) Option {
-	return func(c *config) error {
+	return Option{name: "WithEventHandler", where: useClient, apply: func(s *settings) error {
 		if h == nil {
-			return invalidArg("WithEventHandler: nil handler")
+			return errors.New("nil handler")
 		}
-		c.onEvent = h
+		s.onEvent = h
 		return nil
-	}
+	}}
 }
 
 // WithoutListener makes a Client of New wait by polling alone. By default such a client
@@ -103,20 +175,45 @@ func WithEventHandler(h func(Event)) Option {
 // key wakes the waiter at once rather than at its next retry (a leader's Close or
 // Resign hands over within milliseconds, not ttl/3). Use it behind PgBouncer in
 // transaction mode, where LISTEN does not work, or to spare the connection. Clients
-// of NewWithStore always poll.
+// of NewWithStore always poll. It applies to New and NewWithStore.
 func WithoutListener() Option {
-	return func(c *config) error {
-		c.noListen = true
+	return Option{name: "WithoutListener", where: useClient, apply: func(s *settings) error {
+		s.noListen = true
 		return nil
-	}
+	}}
 }
 
 // listenOn is New's option: the configuration of the listener's connection.
 func listenOn(cfg *pgx.ConnConfig) Option {
-	return func(c *config) error {
-		c.listen = cfg
+	return Option{name: "listenOn", where: useClient, apply: func(s *settings) error {
+		s.listen = cfg
 		return nil
-	}
+	}}
+}
+
+// OnOneInstance runs the job on one instance: the first instance whose tick comes
+// takes the job's lease, the lock "<key>:owner", and keeps it, renewed, between ticks
+// for as long as its Client is up; it runs every tick. The other instances skip each
+// tick. When the owner dies, its lease expires after the ttl, on the database clock,
+// and the first tick after that, on any instance, takes the job over; when it closes
+// its Client, it hands the lease back at once (see Client.Close). Missed ticks are not
+// caught up. It applies to Job only.
+func OnOneInstance() Option {
+	return Option{name: "OnOneInstance", where: useJob, apply: func(s *settings) error {
+		s.oneInstance = true
+		return nil
+	}}
+}
+
+// WithoutOverlapping keeps a run from overlapping another run of the job: a run holds
+// the run lock "<key>", renewed, from its start to its end, and a tick that finds it
+// held is skipped, on this instance or any other. Without OnOneInstance it means "any
+// instance, one run at a time". It applies to Job only.
+func WithoutOverlapping() Option {
+	return Option{name: "WithoutOverlapping", where: useJob, apply: func(s *settings) error {
+		s.withoutOverlapping = true
+		return nil
+	}}
 }
 
 func defaultInstanceName() string {
@@ -127,40 +224,7 @@ func defaultInstanceName() string {
 	return fmt.Sprintf("%s/%d", host, os.Getpid())
 }
 
-// LockOption configures one acquisition.
-type LockOption func(*lockConfig) error
-
-type lockConfig struct {
-	ttl     time.Duration
-	wait    time.Duration
-	waitSet bool
-}
-
-// TTL sets this lock's ttl, instead of the client's: between MinTTL and MaxTTL.
-func TTL(ttl time.Duration) LockOption {
-	return func(c *lockConfig) error {
-		if err := checkTTL("TTL", ttl); err != nil {
-			return err
-		}
-		c.ttl = ttl
-		return nil
-	}
-}
-
-// Wait bounds how long Acquire and WithLock wait for a held key, on the client's clock.
-// Zero means one attempt. Without Wait they wait until their ctx ends. TryAcquire
-// ignores it.
-func Wait(d time.Duration) LockOption {
-	return func(c *lockConfig) error {
-		if d < 0 {
-			return invalidArg("Wait: %v is negative", d)
-		}
-		c.wait, c.waitSet = d, true
-		return nil
-	}
-}
-
-// checkTTL returns an error naming what (an option, an argument) for a ttl out of range.
+// checkTTL returns an error naming what (an argument) for a ttl out of range.
 func checkTTL(what string, ttl time.Duration) error {
 	if ttl < MinTTL || ttl > MaxTTL {
 		return invalidArg("%s: ttl %v: want %v to %v", what, ttl, MinTTL, MaxTTL)

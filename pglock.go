@@ -3,10 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
@@ -53,7 +50,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if pool == nil {
 		return nil, invalidArg("New: nil pool")
 	}
-	return NewWithStore(NewPostgresStore(pool), append([]Option{listenOn(pool.Config().ConnConfig)}, opts...)...)
+	return newClient(NewPostgresStore(pool), "New", append([]Option{listenOn(pool.Config().ConnConfig)}, opts...))
 }
 
 // NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
@@ -66,20 +63,19 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 	if s, ok := store.(*postgresStore); ok && s.invalid != nil {
 		return nil, s.invalid
 	}
-	cfg := config{ttl: DefaultTTL}
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, invalidArg("nil Option")
-		}
-		if err := opt(&cfg); err != nil {
-			return nil, err
-		}
+	return newClient(store, "NewWithStore", opts)
+}
+
+func newClient(store Store, callName string, opts []Option) (*Client, error) {
+	cfg := settings{ttl: DefaultTTL}
+	if err := applyOptions(&cfg, useClient, callName, opts); err != nil {
+		return nil, err
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.Default()
 	}
 	if cfg.clock == nil {
-		cfg.clock = RealClock{}
+		cfg.clock = realClock{}
 	}
 	if cfg.instance == "" {
 		cfg.instance = defaultInstanceName()
@@ -110,141 +106,6 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 		Logger: cfg.logger,
 	})
 	return c, nil
-}
-
-// TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
-// background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
-// live holder has the key (or when the store's confirmation came back only after the
-// lock's ttl, so late that the lock cannot be trusted; it is handed back), ErrInvalidKey or ErrInvalidArgument for bad input,
-// ErrClosed after Close, or the store's error. ctx bounds the store call only; the
-// lock's own lifetime is Lock.Context.
-func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
-	lc, err := c.lockConfig(key, opts)
-	if err != nil {
-		return nil, err
-	}
-	return c.try(ctx, key, lc.ttl)
-}
-
-// Acquire takes key, waiting while it is held: it retries with exponential backoff and
-// jitter (polling at least every quarter of its ttl, so that a lock whose holder died
-// is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
-// is one attempt), or until ctx ends. With a listener (a client of New, see
-// WithoutListener), the key's release wakes it at once. Close ends the wait with
-// ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
-// ctx ended, ctx's cause too). Other errors are TryAcquire's.
-func (c *Client) Acquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
-	lc, err := c.lockConfig(key, opts)
-	if err != nil {
-		return nil, err
-	}
-	var deadline time.Time
-	if lc.waitSet {
-		deadline = c.clock.Now().Add(lc.wait)
-	}
-	w := c.listener.waiter(key)
-	defer w.stop()
-	// A lock that expires (its holder died) wakes no one: poll at least every ttl/4.
-	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
-	backoff := 5 * time.Millisecond
-	free := 0 // how many times in a row the key looked free
-	for {
-		l, err := c.try(ctx, key, lc.ttl)
-		if !errors.Is(err, ErrNotAcquired) {
-			return l, err
-		}
-		pause := jitter(backoff)
-		if lc.waitSet {
-			left := deadline.Sub(c.clock.Now())
-			if left <= 0 {
-				return nil, err
-			}
-			pause = min(pause, left)
-		}
-		backoff = min(backoff*2, maxBackoff)
-		if !w.want(ctx) {
-			if werr := freeAgain(ctx, &free, pause); werr != nil {
-				return nil, fmt.Errorf("%w: %w", err, werr)
-			}
-			continue
-		}
-		free = 0
-		if werr := c.sleepOrWake(ctx, pause, w.woken()); werr != nil {
-			return nil, fmt.Errorf("%w: %w", err, werr)
-		}
-	}
-}
-
-// freeAgain is a waiter's step when marking its key found it free (released in
-// between): try again now, not after the pause. A key can look free and still refuse
-// the acquisition (an expired row that a fenced transaction keeps locked), so each
-// further time in a row waits twice as long, from 1 ms up to limit, on the real clock:
-// it must not spin, and a test's stopped clock must not park a waiter whose key is free.
-func freeAgain(ctx context.Context, times *int, limit time.Duration) error {
-	defer func() { *times++ }()
-	if *times == 0 {
-		return nil
-	}
-	t := time.NewTimer(min(time.Millisecond<<min(*times-1, 20), limit))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
-// sleep waits d on the client's clock, or until ctx ends (returning its cause).
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	return c.sleepOrWake(ctx, d, nil)
-}
-
-// sleepOrWake is sleep that also returns, with nil, when wake fires (nil never does).
-func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	done := make(chan struct{})
-	t := c.clock.AfterFunc(d, func() { close(done) })
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
-// WithLock takes key as Acquire does, runs fn under the lock, and releases the lock when
-// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends, when the lock
-// is lost (context.Cause is then a *LockLostError), or when Close begins (the cause is
-// ErrClosed: Close waits for fn to return before it hands the key back, and when
-// Close's own ctx ends first the key is not handed back but left to expire). Inside fn,
-// pglock.FromContext(ctx) returns the lock, whose Token fences fn's writes. It returns
-// Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
-// when fn returned nil, a *LockLostError if the lock was lost before its release,
-// ErrClosed if Close left it to expire, or the release's error.
-func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...LockOption) (err error) {
-	if fn == nil {
-		return invalidArg("WithLock: nil fn")
-	}
-	l, err := c.Acquire(ctx, key, opts...)
-	if err != nil {
-		return err
-	}
-	lctx, stop := withLockContext(ctx, l)
-	defer func() {
-		stop()
-		if rerr := l.Release(ctx); err == nil {
-			err = rerr
-		}
-	}()
-	fctx, s, err := c.enter(lctx)
-	if err != nil {
-		return err
-	}
-	defer c.leave(s)
-	return fn(fctx)
 }
 
 // section is code that runs under a lock: a WithLock function or a job's run. Close
@@ -281,81 +142,27 @@ func (c *Client) leave(s *section) {
 // waitSections waits for every section of ss to return, or for ctx to end.
 func waitSections(ctx context.Context, ss []*section) error {
 	for _, s := range ss {
-		select {
-		case <-s.done:
-		case <-ctx.Done():
-			return context.Cause(ctx)
+		if err := waitDone(ctx, s.done); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-func (c *Client) lockConfig(key string, opts []LockOption) (lockConfig, error) {
-	if err := checkKey(key); err != nil {
-		return lockConfig{ttl: c.ttl}, err
+// waitDone waits until done is closed, or until ctx ends (returning its cause); done
+// wins when both are.
+func waitDone(ctx context.Context, done <-chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	default:
 	}
-	return c.lockOptions(opts)
-}
-
-// lockOptions applies opts over the client's defaults.
-func (c *Client) lockOptions(opts []LockOption) (lockConfig, error) {
-	lc := lockConfig{ttl: c.ttl}
-	for _, opt := range opts {
-		if opt == nil {
-			return lc, invalidArg("nil LockOption")
-		}
-		if err := opt(&lc); err != nil {
-			return lc, err
-		}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
-	return lc, nil
-}
-
-func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
-	if c.isClosed() {
-		return nil, ErrClosed
-	}
-	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
-	sentAt := c.clock.Now()
-	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
-	switch {
-	case err != nil:
-		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) {
-			// The statement may have been granted after ctx ended or the link failed:
-			// never leave the key held by an owner nobody knows for a whole ttl.
-			c.handBack(ctx, key, owner)
-		}
-		return nil, err
-	case !ok:
-		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
-	case token <= 0:
-		// Hand it back rather than hold a lock that cannot fence anything.
-		c.handBack(ctx, key, owner)
-		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
-	case !c.clock.Now().Before(renewer.Deadline(sentAt, ttl)):
-		// The reply came so late (a partition, a stalled process) that the lock may
-		// already be someone else's: it cannot be trusted for a moment.
-		c.handBack(ctx, key, owner)
-		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
-	}
-	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
-	l.entry.Lost = l.lose
-	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(context.Background(), lockContextKey{}, l))
-
-	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		c.handBack(ctx, key, owner)
-		l.cancel(ErrClosed)
-		return nil, ErrClosed
-	}
-	c.held[l] = struct{}{}
-	c.mu.Unlock()
-	c.renewer.Add(&l.entry, sentAt)
-	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
-		slog.Int64("token", token), slog.Duration("ttl", ttl))
-	c.emit(EventAcquired, l, "")
-	return l, nil
 }
 
 func (c *Client) isClosed() bool {
@@ -370,8 +177,14 @@ func (c *Client) forget(l *Lock) {
 	c.mu.Unlock()
 }
 
-func (c *Client) emit(t EventType, l *Lock, reason string) {
-	c.events.emit(Event{Type: t, Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason, Time: c.clock.Now()})
+// emit queues an event about key: a lock's key, or a job's. l is the lock it is about
+// or ran under, nil for a skipped tick.
+func (c *Client) emit(t EventType, key string, l *Lock, reason Reason, err error) {
+	ev := Event{Type: t, Key: key, Reason: reason, Err: err, Time: c.clock.Now()}
+	if l != nil {
+		ev.Owner, ev.Token = l.entry.Owner, l.token
+	}
+	c.events.emit(ev)
 }
 
 // register reserves keys for a job or an election (what describes it in errors), so
@@ -523,12 +336,7 @@ func (c *Client) waitHandBacks(ctx context.Context) error {
 		c.handing.Wait()
 		close(done)
 	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return waitDone(ctx, done)
 }
 
 // detached returns ctx without its cancellation, with storeTimeout: for the calls that
@@ -553,142 +361,4 @@ func (c *Client) releaseDetached(ctx context.Context, key, owner string) (bool, 
 	}
 	// The first call may have released it before failing; either way it is not ours now.
 	return true, nil
-}
-
-// Lock is a held lock: a lease on a key, renewed in the background, with the fencing
-// token of this acquisition. Its methods are safe for concurrent use.
-type Lock struct {
-	c      *Client
-	token  int64
-	entry  renewer.Entry // Key, Owner, TTL; the renewer's bookkeeping
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-
-	mu     sync.Mutex
-	ending chan struct{} // made when the lock starts to end (Release, loss, Close); closed once err is set
-	err    error         // what Release returns once ended
-}
-
-// Key returns the lock's key.
-func (l *Lock) Key() string { return l.entry.Key }
-
-// Owner returns the owner id this acquisition drew: the client's instance name and a
-// random suffix.
-func (l *Lock) Owner() string { return l.entry.Owner }
-
-// Token returns the fencing token: positive, and greater than the token of every
-// earlier acquisition of the key. Write it with what the lock protects (see
-// FenceUpdate) so that a paused former holder's late write is refused.
-func (l *Lock) Token() int64 { return l.token }
-
-// TTL returns the lock's ttl.
-func (l *Lock) TTL() time.Duration { return l.entry.TTL }
-
-// Context returns a context that is cancelled when the lock is released or lost; on a
-// loss, context.Cause is a *LockLostError. FromContext on it returns l.
-func (l *Lock) Context() context.Context { return l.ctx }
-
-// Held reports whether the lock is neither released nor lost, and its deadline (see the
-// package doc) has not passed on the client's clock, even if the renewer has not yet
-// run to say so. A paused process cannot know: see the package doc on fencing.
-func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
-
-// Release gives the lock back. It is idempotent and safe to call concurrently: every
-// call returns what the first returned, once the first has finished. The store call
-// runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
-// releases. It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
-// before, ErrClosed when Close left it to expire, or the store's error (the lock then
-// expires after its ttl).
-func (l *Lock) Release(ctx context.Context) error {
-	l.mu.Lock()
-	if l.ending != nil {
-		ending := l.ending
-		l.mu.Unlock()
-		<-ending
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return l.err
-	}
-	l.ending = make(chan struct{})
-	l.mu.Unlock()
-
-	c := l.c
-	c.forget(l)
-	held, reason := c.renewer.Remove(&l.entry)
-	var err error
-	if !held { // the renewer found it lost a moment ago
-		err = l.lostError(reason)
-		l.cancel(err)
-	} else {
-		l.cancel(context.Canceled)
-		ok, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
-		switch {
-		case serr != nil:
-			err = serr
-		case !ok:
-			err = &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
-		default:
-			c.logger.Debug("pglock: released lock", slog.String("key", l.entry.Key),
-				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
-			c.emit(EventReleased, l, "")
-		}
-	}
-	l.mu.Lock()
-	l.err = err
-	close(l.ending)
-	l.mu.Unlock()
-	return err
-}
-
-func (l *Lock) lostError(r renewer.Reason) *LockLostError {
-	reason := ReasonExpired
-	if r == renewer.Refused {
-		reason = ReasonRefused
-	}
-	return &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
-}
-
-// abandon ends a lock that Close could not release in time.
-func (l *Lock) abandon() { l.end(ErrClosed) }
-
-// lose is the renewer's report that the lock is lost.
-func (l *Lock) lose(r renewer.Reason) {
-	err := l.lostError(r)
-	l.end(err)
-	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
-		slog.Int64("token", l.token), slog.Any("err", err))
-	l.c.emit(EventLost, l, err.Reason)
-}
-
-// end records why the lock ended, unless Release got there first, and cancels its
-// context with that cause.
-func (l *Lock) end(err error) {
-	l.mu.Lock()
-	if l.ending == nil {
-		l.ending, l.err = make(chan struct{}), err
-		close(l.ending)
-	}
-	l.mu.Unlock()
-	l.c.forget(l)
-	l.cancel(err)
-}
-
-type lockContextKey struct{}
-
-// withLockContext returns ctx carrying l for FromContext, cancelled with l's cause when
-// l is lost or released; stop cancels it and lets go of l.
-func withLockContext(ctx context.Context, l *Lock) (_ context.Context, stop func()) {
-	lctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
-	unwatch := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
-	return lctx, func() {
-		unwatch()
-		cancel(context.Canceled)
-	}
-}
-
-// FromContext returns the lock ctx runs under: inside WithLock's fn, a job's run, or a
-// leader's OnAcquired, and from Lock.Context.
-func FromContext(ctx context.Context) (*Lock, bool) {
-	l, ok := ctx.Value(lockContextKey{}).(*Lock)
-	return l, ok
 }

@@ -48,7 +48,7 @@ type pruner interface {
 //		return err
 //	}, pglock.OnOneInstance())
 //	...
-//	_, err = scheduler.NewJob(gocron.DurationJob(5*time.Minute), prune.Task(), pglock.JobOptions("pglock-prune")...)
+//	_, err = scheduler.NewJob(gocron.DurationJob(5*time.Minute), prune.Task(), pglock.GocronOptions("pglock-prune")...)
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, invalidArg("Prune: olderThan %v is negative", olderThan)

@@ -196,7 +196,7 @@ func TestPruneRacingAcquisitionsKeepsEveryKeysTokensIncreasing(t *testing.T) {
 	}
 	var working sync.WaitGroup
 	for range workers {
-		c := newClient(t, db.store, pglock.WithTTL(time.Minute))
+		c := newClient(t, db.store, pglock.TTL(time.Minute))
 		working.Go(func() {
 			for range rounds {
 				key := fmt.Sprintf("race:%d", rand.IntN(keys))

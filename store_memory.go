@@ -13,7 +13,7 @@ import (
 // It is safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
-		clock = RealClock{}
+		clock = realClock{}
 	}
 	return &memoryStore{clock: clock, locks: make(map[string]*memoryLock)}
 }

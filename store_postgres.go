@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -21,7 +22,9 @@ type Queryer interface {
 // NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
 // It implements BatchRenewer and HolderReader, and Client.Prune works on it. Every
 // call is one statement calling one of the schema's functions, so it works behind
-// PgBouncer in transaction mode. With a nil db, every call fails with an error
+// PgBouncer in transaction mode. On a database without the schema, or with one older
+// than this library, every call fails with an error that says to run Migrate and
+// wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
@@ -42,8 +45,10 @@ func NewPostgresStore(db Queryer) Store {
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
 // users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer
-// and HolderReader, and Client.Prune works on it. With a nil db, every call fails
-// with an error wrapping ErrInvalidArgument, and NewWithStore refuses the store.
+// and HolderReader, and Client.Prune works on it. On a database without the schema,
+// or with one older than this library, every call fails with an error that says to
+// run Migrate and wraps the driver's. With a nil db, every call fails with an error
+// wrapping ErrInvalidArgument, and NewWithStore refuses the store.
 func NewSQLStore(db *sql.DB) Store {
 	if db == nil {
 		return invalidStore(invalidArg("NewSQLStore: nil db"))
@@ -101,7 +106,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 	}
 	var token sql.NullInt64
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
-		return 0, false, fmt.Errorf("pglock: acquire %q: %w", key, err)
+		return 0, false, storeError(err, "acquire %q", key)
 	}
 	return token.Int64, token.Valid, nil
 }
@@ -112,7 +117,7 @@ func (s *postgresStore) Renew(ctx context.Context, key, owner string, ttl time.D
 	}
 	var ok bool
 	if err := s.queryRow(ctx, `SELECT pglock.lock_renew($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&ok); err != nil {
-		return false, fmt.Errorf("pglock: renew %q: %w", key, err)
+		return false, storeError(err, "renew %q", key)
 	}
 	return ok, nil
 }
@@ -123,7 +128,7 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 	}
 	var ok bool
 	if err := s.queryRow(ctx, `SELECT pglock.lock_release($1, $2)`, key, owner).Scan(&ok); err != nil {
-		return false, fmt.Errorf("pglock: release %q: %w", key, err)
+		return false, storeError(err, "release %q", key)
 	}
 	return ok, nil
 }
@@ -140,7 +145,7 @@ func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, tt
 	renewed, err := s.queryKeys(ctx, `SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)`,
 		s.array(keys), s.array(owners), ttlMillis(ttl))
 	if err != nil {
-		return nil, fmt.Errorf("pglock: renew %d locks: %w", len(keys), err)
+		return nil, storeError(err, "renew %d locks", len(keys))
 	}
 	return renewed, nil
 }
@@ -154,7 +159,7 @@ func (s *postgresStore) Holder(ctx context.Context, key string) (Holder, error) 
 	err := s.queryRow(ctx, `SELECT owner, fencing_token, expires_in_us FROM pglock.lock_holder($1)`, key).
 		Scan(&owner, &token, &expiresInUS)
 	if err != nil {
-		return Holder{}, fmt.Errorf("pglock: read the holder of %q: %w", key, err)
+		return Holder{}, storeError(err, "read the holder of %q", key)
 	}
 	if !owner.Valid {
 		return Holder{}, nil
@@ -165,7 +170,7 @@ func (s *postgresStore) Holder(ctx context.Context, key string) (Holder, error) 
 func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error) {
 	var wanted bool
 	if err := s.queryRow(ctx, `SELECT pglock.lock_want($1)`, key).Scan(&wanted); err != nil {
-		return false, fmt.Errorf("pglock: mark %q wanted: %w", key, err)
+		return false, storeError(err, "mark %q wanted", key)
 	}
 	return wanted, nil
 }
@@ -175,9 +180,27 @@ func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error
 func (s *postgresStore) prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	var deleted int64
 	if err := s.queryRow(ctx, `SELECT pglock.lock_prune($1, $2)`, ttlMillis(olderThan), limit).Scan(&deleted); err != nil {
-		return 0, fmt.Errorf("pglock: prune: %w", err)
+		return 0, storeError(err, "prune")
 	}
 	return deleted, nil
+}
+
+// storeError wraps err, from the store call that format and args describe, with %w so
+// that a driver's error stays reachable with errors.As. When the server says the pglock
+// schema or one of its functions does not exist, it says what to do as well: a
+// database nobody migrated, or migrated by an older pglock.
+func storeError(err error, format string, args ...any) error {
+	op := fmt.Sprintf(format, args...)
+	// pgx's *pgconn.PgError and lib/pq's *pq.Error both tell their SQLSTATE so.
+	var pgErr interface{ SQLState() string }
+	if errors.As(err, &pgErr) {
+		switch pgErr.SQLState() {
+		case "3F000", // invalid_schema_name: no pglock schema
+			"42883": // undefined_function: a schema older than this library
+			return fmt.Errorf("pglock: %s: the pglock schema is missing or out of date: run pglock.Migrate (or apply sql/pglock.sql): %w", op, err)
+		}
+	}
+	return fmt.Errorf("pglock: %s: %w", op, err)
 }
 
 // ttlMillis returns d in whole milliseconds, the SQL functions' unit, rounded up: a lock

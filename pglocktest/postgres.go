@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/internal/pgserver"
+	"github.com/pgfence/pglock/example/devdb"
 )
 
 // DatabaseURLEnv names the environment variable with the URL of the server that
@@ -48,7 +48,7 @@ func PostgresURL(t testing.TB) string {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("pglocktest: create database: %v", err)
 	}
-	dbURL, err := pgserver.WithDatabase(srv.URL, name)
+	dbURL, err := devdb.WithDatabase(srv.URL, name)
 	if err != nil {
 		t.Fatalf("pglocktest: %v", err)
 	}
@@ -103,15 +103,15 @@ var server sharedServer
 
 type sharedServer struct {
 	mu    sync.Mutex
-	srv   *pgserver.Server
+	srv   *devdb.Server
 	users int
 }
 
-func (s *sharedServer) acquire(ctx context.Context) (*pgserver.Server, error) {
+func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.srv == nil {
-		srv, err := pgserver.Find(ctx, DatabaseURLEnv)
+		srv, err := devdb.Find(ctx, DatabaseURLEnv)
 		if err != nil {
 			return nil, err
 		}

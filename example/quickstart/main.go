@@ -2,9 +2,9 @@
 // contend for a lock, one waits for the other's release, and a paused instance loses
 // its lock to the other and has its late write refused by the fencing token.
 //
-// It finds a PostgreSQL server (DATABASE_URL, else the libpq defaults, else an embedded
-// PostgreSQL), works in a database of its own (pglock_quickstart, created if missing),
-// and migrates the pglock schema there.
+// It finds a PostgreSQL server with example/devdb (DATABASE_URL, else the libpq
+// defaults, else an embedded PostgreSQL), works in a database of its own
+// (pglock_quickstart, created if missing), and migrates the pglock schema there.
 package main
 
 import (
@@ -13,13 +13,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/internal/pgserver"
-	"github.com/pgfence/pglock/pglocktest"
+	"github.com/pgfence/pglock/example/devdb"
 )
 
 const database = "pglock_quickstart"
@@ -34,13 +34,13 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	srv, err := pgserver.Find(ctx, "DATABASE_URL")
+	srv, err := devdb.Find(ctx, "DATABASE_URL")
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	fmt.Printf("PostgreSQL: %s\n", srv.How)
-	url, err := pgserver.EnsureDatabase(ctx, srv.URL, database)
+	url, err := devdb.EnsureDatabase(ctx, srv.URL, database)
 	if err != nil {
 		return err
 	}
@@ -62,14 +62,14 @@ func run(ctx context.Context) error {
 	// Two instances of one application: two clients on the same database. Lost locks
 	// are logged at warn.
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	pausedClock := pglocktest.NewManualClock(time.Now()) // A's clock moves only when we say: a paused process
-	a, err := pglock.New(pool, pglock.WithInstanceName("instance-a"), pglock.WithTTL(time.Second),
-		pglock.WithClock(pausedClock), pglock.WithLogger(logger))
+	clockA := &pausableClock{} // A can be paused, as a process is by SIGSTOP
+	a, err := pglock.New(pool, pglock.WithInstanceName("instance-a"), pglock.TTL(time.Second),
+		pglock.WithClock(clockA), pglock.WithLogger(logger))
 	if err != nil {
 		return err
 	}
 	defer a.Close(context.WithoutCancel(ctx))
-	b, err := pglock.New(pool, pglock.WithInstanceName("instance-b"), pglock.WithTTL(time.Second), pglock.WithLogger(logger))
+	b, err := pglock.New(pool, pglock.WithInstanceName("instance-b"), pglock.TTL(time.Second), pglock.WithLogger(logger))
 	if err != nil {
 		return err
 	}
@@ -105,6 +105,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	fmt.Printf("   A holds it with token %d\n", stockA.Token())
+	clockA.pause()
 	time.Sleep(1200 * time.Millisecond) // the database expires A's lease; A, paused, does not renew
 	stockB, err := b.TryAcquire(ctx, "inventory:stock-reconciliation")
 	if err != nil {
@@ -130,11 +131,13 @@ func run(ctx context.Context) error {
 	}
 	fmt.Printf("   A's write: %d rows written (stale token %d < %d); the shelf says %d bags\n", n, stockA.Token(), stockB.Token(), inStock)
 
-	step("5. A's clock moves: its renewal is refused and its context is cancelled")
-	pausedClock.Advance(time.Second)
-	var lost *pglock.LockLostError
-	if errors.As(context.Cause(stockA.Context()), &lost) {
-		fmt.Printf("   A's lock context: %v\n", lost)
+	step("5. A's clock moves on, past its lease's deadline: A counts the lock lost and cancels its context")
+	clockA.resume()
+	select {
+	case <-stockA.Context().Done():
+		fmt.Printf("   A's lock context: %v\n", context.Cause(stockA.Context()))
+	case <-time.After(5 * time.Second):
+		return errors.New("quickstart: the lock context of instance A was not cancelled")
 	}
 	if err := stockB.Release(ctx); err != nil {
 		return err
@@ -144,3 +147,52 @@ func run(ctx context.Context) error {
 }
 
 func step(s string) { fmt.Println("\n" + s) }
+
+// pausableClock is the real clock for a pglock.Client, except that while it is
+// paused its time stands still and the calls that fall due wait for resume: the
+// client renews nothing, as in a process stopped by a long GC pause, swapping or
+// SIGSTOP. (Tests use pglocktest.ManualClock, which moves only when told to.)
+type pausableClock struct {
+	mu       sync.Mutex
+	pausedAt time.Time // zero while running
+	due      []func()  // the calls that fell due while paused, in order
+}
+
+func (c *pausableClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.pausedAt.IsZero() {
+		return c.pausedAt
+	}
+	return time.Now()
+}
+
+func (c *pausableClock) AfterFunc(d time.Duration, f func()) pglock.Timer {
+	return time.AfterFunc(d, func() {
+		c.mu.Lock()
+		if !c.pausedAt.IsZero() {
+			c.due = append(c.due, f)
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		f()
+	})
+}
+
+func (c *pausableClock) pause() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pausedAt = time.Now()
+}
+
+// resume lets time move again and makes the calls that fell due meanwhile.
+func (c *pausableClock) resume() {
+	c.mu.Lock()
+	due := c.due
+	c.pausedAt, c.due = time.Time{}, nil
+	c.mu.Unlock()
+	for _, f := range due {
+		f()
+	}
+}

@@ -57,11 +57,11 @@ func TestWarehouseFeedPausedLeaderStaysConnectedUntilItsRenewalIsRefused(t *test
 	t.Parallel()
 	w := newWorld(t)
 	clock := pglocktest.NewManualClock(time.Now()) // stands still: the leader is paused
-	paused := w.start(t, "paused", pglock.WithClock(clock), pglock.WithTTL(time.Second))
+	paused := w.start(t, "paused", pglock.WithClock(clock), pglock.TTL(time.Second))
 	require.NoError(t, paused.shop.Start())
 	require.Eventually(t, func() bool { return paused.shop.LeadsWarehouseFeed() && w.warehouse.Connections() == 1 },
 		10*time.Second, 5*time.Millisecond)
-	others := []*instance{w.start(t, "b", pglock.WithTTL(time.Second)), w.start(t, "c", pglock.WithTTL(time.Second))}
+	others := []*instance{w.start(t, "b", pglock.TTL(time.Second)), w.start(t, "c", pglock.TTL(time.Second))}
 	for _, o := range others {
 		require.NoError(t, o.shop.Start())
 	}

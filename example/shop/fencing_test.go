@@ -29,9 +29,9 @@ type paused struct {
 func pauseAWhileBTakesOver(t *testing.T, runA func(ctx context.Context, w *world, a *instance) error) *paused {
 	t.Helper()
 	p := &paused{w: newWorld(t), clockA: pglocktest.NewManualClock(time.Now()), result: make(chan error, 1)}
-	a := p.w.start(t, "a", pglock.WithClock(p.clockA), pglock.WithTTL(time.Second))
+	a := p.w.start(t, "a", pglock.WithClock(p.clockA), pglock.TTL(time.Second))
 	t.Cleanup(func() { p.clockA.Advance(time.Second) }) // before A's Close: it finds its locks lost
-	b := p.w.start(t, "b", pglock.WithTTL(time.Second))
+	b := p.w.start(t, "b", pglock.TTL(time.Second))
 
 	p.hold = p.w.warehouse.Hold(1)
 	t.Cleanup(p.hold.Release)

@@ -78,9 +78,9 @@ func TestTheJobMovesToAnotherInstanceTTLAfterItsOwnerDies(t *testing.T) {
 	w := newWorld(t)
 	// The crashed instance's clock stands still: it never renews, as if its process died.
 	stopped := pglocktest.NewManualClock(time.Now())
-	crashed := w.start(t, "crashed", pglock.WithClock(stopped), pglock.WithTTL(time.Second))
+	crashed := w.start(t, "crashed", pglock.WithClock(stopped), pglock.TTL(time.Second))
 	t.Cleanup(func() { stopped.Advance(time.Second) }) // before its Close: it finds its locks lost
-	survivor := w.start(t, "survivor", pglock.WithTTL(time.Second))
+	survivor := w.start(t, "survivor", pglock.TTL(time.Second))
 
 	require.NoError(t, crashed.shop.InvoiceExport().Run(ctx)) // its tick came first: it owns the job
 	require.NoError(t, survivor.shop.InvoiceExport().Run(ctx))

@@ -147,7 +147,7 @@ func New(cfg Config) (*Shop, error) {
 	}
 	for _, c := range crons {
 		// withSeconds: gocron's parser then takes an optional sixth field, seconds, first.
-		if _, err := s.scheduler.NewJob(gocron.CronJob(c.expr, true), gocron.NewTask(c.run), pglock.JobOptions(c.name)...); err != nil {
+		if _, err := s.scheduler.NewJob(gocron.CronJob(c.expr, true), gocron.NewTask(c.run), pglock.GocronOptions(c.name)...); err != nil {
 			_ = s.scheduler.Shutdown()
 			return nil, fmt.Errorf("%w: %s %q: %w", ErrInvalidConfig, c.field, c.expr, err)
 		}
@@ -172,7 +172,7 @@ func (s *Shop) Start() error {
 	if s.started {
 		return errors.New("shop: already started")
 	}
-	e, err := s.locks.Elect(WarehouseFeedKey, pglock.Leader{OnAcquired: s.connectFeed, OnLost: s.disconnectFeed})
+	e, err := s.locks.Elect(WarehouseFeedKey, pglock.LeaderCallbacks{OnAcquired: s.connectFeed, OnLost: s.disconnectFeed})
 	if err != nil {
 		return err
 	}

@@ -9,15 +9,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/example/devdb"
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/pgserver"
 )
 
 // adminToken is the demo instances' admin token.
@@ -56,15 +56,16 @@ func newDemo(ctx context.Context, o options, w io.Writer) (_ *demo, err error) {
 	}()
 	serverURL, how := o.serverURL, "the server in DATABASE_URL"
 	if serverURL == "" {
-		srv, err := pgserver.Find(ctx, "DATABASE_URL")
+		srv, err := devdb.Find(ctx, "DATABASE_URL")
 		if err != nil {
 			return nil, err
 		}
 		d.closers = append(d.closers, func() { _ = srv.Stop() })
 		serverURL, how = srv.URL, srv.How
 	}
-	d.out.say("PostgreSQL: %s; the demo works in the database %s.", how, o.database)
-	if d.dbURL, err = pgserver.EnsureDatabase(ctx, serverURL, o.database); err != nil {
+	d.out.say("PostgreSQL: %s.\nThe demo works in its database there, %s; the instances get its URL in DATABASE_URL.",
+		how, o.database)
+	if d.dbURL, err = devdb.EnsureDatabase(ctx, serverURL, o.database); err != nil {
 		return nil, err
 	}
 	if err := pglock.Migrate(ctx, d.dbURL); err != nil {
@@ -148,6 +149,7 @@ func (d *demo) start(ctx context.Context, n int) (*instance, error) {
 		return nil, err
 	}
 	d.instances = append(d.instances, i)
+	d.out.say("   started port %d: pid %d", port, i.cmd.Process.Pid)
 	return i, i.ready(ctx, time.Minute)
 }
 
@@ -212,20 +214,17 @@ func (d *demo) record(name, expected, seen string, ok bool) {
 
 // summary prints the table of steps and reports whether every one behaved.
 func (d *demo) summary() bool {
-	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tEXPECTED\tSEEN\tOK")
+	rows := [][]string{{"STEP", "EXPECTED", "SEEN", "OK"}}
 	all := true
 	for _, s := range d.steps {
 		mark := "ok"
 		if !s.ok {
 			mark, all = "FAILED", false
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.name, s.expected, s.seen, mark)
+		rows = append(rows, []string{s.name, s.expected, s.seen, mark})
 	}
-	_ = tw.Flush()
 	d.out.say("\nSummary (ttl %v, reconciliation every %v):", d.o.ttl, d.o.every)
-	d.out.raw(b.String())
+	d.out.raw(table("", rows))
 	if all {
 		d.out.say("Every step behaved.")
 	} else {
@@ -234,27 +233,83 @@ func (d *demo) summary() bool {
 	return all
 }
 
-// keepRunning starts three instances again and keeps them running until ctx ends
-// (Ctrl+C).
+// keepRunning sets the stage for the tutorial's steps by hand and keeps it until ctx
+// ends (Ctrl+C): the orders reset, so that an export has three to export, and three
+// instances again, the first started alone until it leads the feed and owns the
+// reconciliation, so that one instance runs both.
 func (d *demo) keepRunning(ctx context.Context) error {
-	d.out.say("\n== Three instances again, kept running until Ctrl+C")
-	var pids []string
-	for n := range 3 {
+	d.out.say("\n== Three instances again, for the tutorial's steps by hand, until Ctrl+C")
+	for _, i := range d.instances {
+		i.stop(10 * time.Second)
+	}
+	if err := shop.Reset(ctx, d.db); err != nil {
+		return err
+	}
+	d.out.say("Reset the orders and the products: an export has three orders to export again.")
+	first, err := d.start(ctx, 0)
+	if err != nil {
+		return err
+	}
+	var h map[string]int
+	_, _, err = d.waitUntil(ctx, d.o.ttl+d.o.every+5*time.Second, func() (bool, error) {
+		var err error
+		h, err = d.holders(ctx)
+		return h[shop.WarehouseFeedKey] == first.port && h[leaseKey] == first.port, err
+	})
+	if err != nil {
+		return err
+	}
+	running := []*instance{first}
+	for n := 1; n < 3; n++ {
 		i, err := d.start(ctx, n)
 		if err != nil {
 			return err
 		}
-		pids = append(pids, fmt.Sprintf("%d (port %d)", i.cmd.Process.Pid, i.port))
+		running = append(running, i)
 	}
-	p := d.o.basePort
-	d.out.say(`Try:
-  curl -s localhost:%[1]d/healthz
-  curl -s -H 'X-Admin-Token: %[2]s' localhost:%[1]d/admin/locks
-  curl -s -X POST -H 'X-Admin-Token: %[2]s' localhost:%[3]d/admin/invoice-exports
-  kill -9 <pid>    # pids: %[4]s
-  psql '%[5]s' -c "SELECT key, owner, fencing_token, expires_at - clock_timestamp() AS expires_in FROM pglock.locks ORDER BY key"
-Ctrl+C stops them.`, p, adminToken, p+1, strings.Join(pids, ", "), d.dbURL)
+	if h, err = d.holders(ctx); err != nil {
+		return err
+	}
+	var rows [][]string
+	owner := first // of the feed, the one to kill first
+	for _, i := range running {
+		var holds []string
+		if h[shop.WarehouseFeedKey] == i.port {
+			holds, owner = append(holds, "leads the warehouse feed"), i
+		}
+		if h[leaseKey] == i.port {
+			holds = append(holds, "owns the stock reconciliation")
+		}
+		rows = append(rows, []string{fmt.Sprintf("port %d", i.port), fmt.Sprintf("pid %d", i.cmd.Process.Pid),
+			strings.Join(holds, ", ")})
+	}
+	d.out.raw(table("  ", rows))
+	p, curl := d.o.basePort, fmt.Sprintf("curl -s -H 'X-Admin-Token: %s'", adminToken)
+	d.out.raw(fmt.Sprintf(`Try the tutorial's steps:
+  %[1]s localhost:%[2]d/admin/locks
+  %[1]s -X POST localhost:%[3]d/admin/invoice-exports &
+  %[1]s -X POST localhost:%[4]d/admin/invoice-exports    # 3 and 0
+  kill -9 %[5]d    # port %[6]d: what it holds moves after up to %[7]v, the ttl
+  kill <pid>      # SIGTERM the new owner (/admin/locks): it hands both over at once
+  psql '%[8]s' \
+    -c 'SELECT key, owner, fencing_token, expires_at - now() AS expires_in FROM pglock.locks'
+Ctrl+C stops them.
+`, curl, p+1, p+1, p+2, owner.cmd.Process.Pid, owner.port, d.o.ttl, d.psqlConninfo()))
 	<-ctx.Done()
 	d.out.say("Stopping the instances...")
 	return nil
+}
+
+// psqlConninfo returns the demo's database in libpq's key=value form, which is shorter
+// than its URL when the host is a socket directory.
+func (d *demo) psqlConninfo() string {
+	cfg, err := pgconn.ParseConfig(d.dbURL)
+	if err != nil {
+		return d.dbURL
+	}
+	s := fmt.Sprintf("host=%s port=%d user=%s dbname=%s", cfg.Host, cfg.Port, cfg.User, cfg.Database)
+	if cfg.Password != "" {
+		s += " password=" + cfg.Password
+	}
+	return s
 }

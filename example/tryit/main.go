@@ -11,18 +11,23 @@
 //  4. SIGTERM the new owner: it hands both over at once. Then stop the last one.
 //
 // It ends with a table of every step (expected, seen, ok) and exits with status 1 if
-// one did not behave.
+// one did not behave. The instances' log lines are shown compacted, one line each.
 //
 //	go run ./example/tryit             # ttl 30 s, about a minute
 //	go run ./example/tryit -ttl 5s     # quicker
-//	go run ./example/tryit -keep       # then keep three instances running, until Ctrl+C
+//	go run ./example/tryit -keep       # then three instances again, until Ctrl+C
 //
-// It finds PostgreSQL as cmd/shop does (DATABASE_URL, else the libpq defaults if a
+// With -keep it then resets the orders and starts three instances again, the first
+// alone until it leads the feed and owns the reconciliation, prints their ports and
+// pids, and the commands for the tutorial's steps by hand (the locks table, two
+// exports, kill -9 the one that runs both, psql), and keeps them running until Ctrl+C.
+//
+// It finds PostgreSQL with example/devdb (DATABASE_URL, else the libpq defaults if a
 // server answers, else an embedded PostgreSQL; offline, PGLOCK_POSTGRES_BINARIES names
-// local binaries), and works in a database of its own, pglock_shop_demo, created if
-// missing: it resets the shop's orders and products there, and never creates, drops
-// or truncates anything in another database. It needs the go command, to build the
-// shop once.
+// local binaries), and works in a database of its own there, pglock_shop_demo, created
+// if missing, whose URL it gives the instances in DATABASE_URL: it resets the shop's
+// orders and products there, and never creates, drops or truncates anything in another
+// database. It needs the go command, to build the shop once.
 package main
 
 import (
@@ -38,7 +43,7 @@ import (
 
 // options are tryit's flags.
 type options struct {
-	serverURL  string        // a server to use; "" finds one as cmd/shop does
+	serverURL  string        // a server to use; "" finds one with devdb
 	database   string        // the demo's own database on it
 	ttl        time.Duration // the shop's lock ttl
 	every      time.Duration // the reconciliation's interval: whole seconds, 1 to 59
@@ -49,11 +54,15 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.database, "database", "pglock_shop_demo", "the demo's database, created if missing; its orders and products are reset")
+	flag.StringVar(&o.database, "database", "pglock_shop_demo", "created if missing; its orders and products are reset")
 	flag.DurationVar(&o.ttl, "ttl", 30*time.Second, "the locks' ttl: how long a killed instance keeps its job and the feed")
 	flag.DurationVar(&o.every, "every", 10*time.Second, "how often the stock reconciliation runs (whole seconds, 1s to 59s)")
 	flag.IntVar(&o.basePort, "base-port", 3001, "the three instances listen on this port and the next two")
-	flag.BoolVar(&o.keep, "keep", false, "after the story, start three instances again and keep them running until Ctrl+C")
+	flag.BoolVar(&o.keep, "keep", false, "after the story, reset the orders and keep three instances running until Ctrl+C")
+	flag.Usage = func() {
+		fmt.Fprintln(flag.CommandLine.Output(), "Usage: go run ./example/tryit [flags]")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	o.serverURL = os.Getenv("DATABASE_URL")
 

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/pgfence/pglock/example/shop"
@@ -26,7 +25,8 @@ const (
 func (d *demo) story(ctx context.Context) error {
 	ttl, every := d.o.ttl, d.o.every
 
-	d.out.say("\n== 1. Start port %d: it leads the warehouse feed and takes the stock reconciliation at its first tick", d.o.basePort)
+	d.out.say("\n== 1. Start port %d: it leads the warehouse feed and takes the reconciliation at its first tick",
+		d.o.basePort)
 	first, err := d.start(ctx, 0)
 	if err != nil {
 		return err
@@ -43,7 +43,7 @@ func (d *demo) story(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.record("the first instance leads the feed", port(first.port), port(h[shop.WarehouseFeedKey]), ok)
+	d.record("the first one leads the feed", port(first.port), port(h[shop.WarehouseFeedKey]), ok)
 	_, ok, err = d.waitUntil(ctx, every+5*time.Second, func() (bool, error) {
 		held, err := holder(leaseKey, first.port)()
 		return held && first.count(logReconciled) > 0, err
@@ -104,7 +104,7 @@ func (d *demo) story(ctx context.Context) error {
 	if h, err = d.holders(ctx); err != nil {
 		return err
 	}
-	d.record("nothing moves while its leases live", fmt.Sprintf("feed and job still %s's ttl/3 after", port(first.port)),
+	d.record("nothing moves yet", fmt.Sprintf("%s holds both, ttl/3 after", port(first.port)),
 		fmt.Sprintf("feed %s, job %s", port(h[shop.WarehouseFeedKey]), port(h[leaseKey])),
 		h[shop.WarehouseFeedKey] == first.port && h[leaseKey] == first.port)
 	survivors := []int{second.port, third.port}
@@ -168,7 +168,7 @@ func (d *demo) story(ctx context.Context) error {
 	if h, err = d.holders(ctx); err != nil {
 		return err
 	}
-	d.record("the last one hands everything back", "exit status 0, no lock held",
+	d.record("the last hands everything back", "exit status 0, no lock held",
 		fmt.Sprintf("%s, %d locks held", exit, len(h)), exit == "exit status 0" && len(h) == 0)
 	return nil
 }
@@ -202,19 +202,16 @@ func (d *demo) locksTable(ctx context.Context, i *instance, owner int) error {
 		d.record("the locks table", "200 and the table", fmt.Sprintf("%d %s", status, body), false)
 		return nil
 	}
-	var b strings.Builder
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "   KEY\tOWNER\tTOKEN\tEXPIRES IN")
+	cells := [][]string{{"KEY", "OWNER", "TOKEN", "EXPIRES IN"}}
 	held := map[string]int{}
 	for _, r := range rows {
-		fmt.Fprintf(tw, "   %s\t%s\t%d\t%s\n", r.Key, r.Owner, r.Token, r.ExpiresIn)
+		cells = append(cells, []string{r.Key, r.Owner, fmt.Sprint(r.Token), r.ExpiresIn})
 		if r.Owner != "" && !strings.HasPrefix(r.ExpiresIn, "-") {
 			held[r.Key] = ownerPort(r.Owner)
 		}
 	}
-	_ = tw.Flush()
-	d.out.raw(b.String())
-	d.record("the locks table", fmt.Sprintf("feed and job lease held by %d", owner),
+	d.out.raw(table("   ", cells))
+	d.record("the locks table", fmt.Sprintf("%d holds the feed and the lease", owner),
 		fmt.Sprintf("%d rows; feed %s, lease %s", len(rows), port(held[shop.WarehouseFeedKey]), port(held[leaseKey])),
 		held[shop.WarehouseFeedKey] == owner && held[leaseKey] == owner)
 	return nil
@@ -250,6 +247,6 @@ func (d *demo) twoExports(ctx context.Context, a, b *instance) error {
 	}
 	slices.Sort(exported)
 	seen := fmt.Sprintf("%d and %d", exported[1], exported[0])
-	d.record("two exports at once on two instances", "3 and 0", seen, seen == "3 and 0")
+	d.record("two exports at once", "3 and 0", seen, seen == "3 and 0")
 	return nil
 }

@@ -2,17 +2,22 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pglock/example/shop"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -59,7 +64,8 @@ func freePorts(t *testing.T) int {
 }
 
 // The whole "Try it" story, with a short ttl: three shop processes built from
-// cmd/shop, on the test's database.
+// cmd/shop, on the test's database; then -keep's instances, ready for the tutorial's
+// steps by hand: one runs the feed and the job, and two exports give 3 and 0.
 func TestTryItWalksTheStory(t *testing.T) {
 	t.Parallel()
 	dbURL := pglocktest.PostgresURL(t)
@@ -67,8 +73,20 @@ func TestTryItWalksTheStory(t *testing.T) {
 	require.NoError(t, err)
 	var out syncBuffer
 	o := options{serverURL: dbURL, database: strings.TrimPrefix(u.Path, "/"), ttl: 3 * time.Second, every: 2 * time.Second,
-		basePort: freePorts(t), buildFlags: raceFlags}
-	ok, err := run(t.Context(), o, &out)
+		basePort: freePorts(t), keep: true, buildFlags: raceFlags}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	kept := make(chan string, 1) // what the kept instances answered, then Ctrl+C
+	go func() {
+		defer cancel()
+		for !strings.Contains(out.String(), "Ctrl+C stops them.") {
+			if sleep(ctx, 100*time.Millisecond) != nil {
+				return
+			}
+		}
+		kept <- keptInstances(ctx, o.basePort)
+	}()
+	ok, err := run(ctx, o, &out)
 	t.Log("\n" + out.String())
 	require.NoError(t, err)
 	require.True(t, ok, "a step did not behave")
@@ -76,6 +94,12 @@ func TestTryItWalksTheStory(t *testing.T) {
 	require.NotContains(t, out.String(), "   ✘ ")
 	// 13 steps when the job was on the instance SIGTERMed, 12 when it was on the last one.
 	require.GreaterOrEqual(t, strings.Count(out.String(), "   ✔ "), 12)
+	for _, line := range strings.Split(out.String(), "\n") {
+		require.LessOrEqual(t, utf8.RuneCountInString(line), width, line)
+	}
+	require.Regexp(t, fmt.Sprintf(`port %d +pid \d+ +leads the warehouse feed, owns the stock reconciliation`, o.basePort),
+		out.String())
+	require.Equal(t, "3 and 0", <-kept)
 
 	// No instance outlived the demo.
 	for i := range 3 {
@@ -85,6 +109,22 @@ func TestTryItWalksTheStory(t *testing.T) {
 		}
 		require.Error(t, err, "port %d still answers", o.basePort+i)
 	}
+}
+
+// keptInstances sends the tutorial's two exports to the second and third of -keep's
+// instances, one after the other, and returns how many invoices each exported.
+func keptInstances(ctx context.Context, basePort int) string {
+	var exported []string
+	for _, port := range []int{basePort + 1, basePort + 2} {
+		i := &instance{port: port}
+		status, body, err := i.request(ctx, http.MethodPost, "/admin/invoice-exports", adminToken)
+		var res shop.ExportResult
+		if err != nil || status != http.StatusOK || json.Unmarshal([]byte(body), &res) != nil {
+			return fmt.Sprintf("%d %s %v", status, body, err)
+		}
+		exported = append(exported, fmt.Sprint(res.Exported))
+	}
+	return strings.Join(exported, " and ")
 }
 
 func TestTryItRefusesBadFlagsBeforeDoingAnything(t *testing.T) {

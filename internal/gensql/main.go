@@ -14,7 +14,7 @@ import (
 )
 
 func main() {
-	script, err := schema.Script(pglock.Migrations)
+	script, err := schema.Script(pglock.Migrations())
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -52,7 +52,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/internal/pgserver"
+	"github.com/pgfence/pglock/example/devdb"
 )
 
 // serverEnv names the server the run creates its database on, as for the tests.
@@ -212,12 +212,12 @@ func defaultRestartCommand() (string, error) {
 // freshDatabase creates a database with the pglock schema on the server the tests
 // would use, and returns its URL and a function that drops it.
 func freshDatabase(ctx context.Context, restart bool) (string, func(), error) {
-	srv, err := pgserver.Find(ctx, serverEnv)
+	srv, err := devdb.Find(ctx, serverEnv)
 	if err != nil {
 		return "", nil, err
 	}
 	stopServer := func() { _ = srv.Stop() }
-	if restart && strings.HasPrefix(srv.How, "an embedded") {
+	if restart && srv.Embedded {
 		stopServer()
 		return "", nil, errors.New("the restart fault needs the system's PostgreSQL, not an embedded one: pass -restart=false")
 	}
@@ -245,7 +245,7 @@ func freshDatabase(ctx context.Context, restart bool) (string, func(), error) {
 		}
 		stopServer()
 	}
-	url, err := pgserver.WithDatabase(srv.URL, name)
+	url, err := devdb.WithDatabase(srv.URL, name)
 	if err == nil {
 		err = pglock.Migrate(ctx, url)
 	}

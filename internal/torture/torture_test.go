@@ -367,7 +367,7 @@ func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
 			})
 			for i, r := range h.Records {
 				if r.F == fRelease && r.Type == typeOK && (r.Token == 20 || r.Token == 21) {
-					h.Records[i].Type, h.Records[i].Reason = typeFail, pglock.ReasonExpired
+					h.Records[i].Type, h.Records[i].Reason = typeFail, string(pglock.ReasonExpired)
 				}
 			}
 			h.Records = append(h.Records,
@@ -511,7 +511,7 @@ func paths(h *History) *History {
 		rec(Record{Worker: "w1.1", Type: typeEvent, F: fCtxLost, Key: l.key, Token: l.token, Local: at(l.deadline)})
 		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventLost), Key: l.key, Token: l.token, Local: at(l.deadline + 1)})
 		rec(Record{Worker: "w1.1", Type: typeInvoke, F: fRelease, Key: l.key, Token: l.token, Local: at(9000)})
-		rec(Record{Worker: "w1.1", Type: typeFail, F: fRelease, Key: l.key, Token: l.token, Local: at(9001), Reason: pglock.ReasonExpired})
+		rec(Record{Worker: "w1.1", Type: typeFail, F: fRelease, Key: l.key, Token: l.token, Local: at(9001), Reason: string(pglock.ReasonExpired)})
 	}
 	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 	return h

@@ -143,7 +143,7 @@ func runWorker(args []string) error {
 	}
 	w := &worker{cfg: cfg, pool: pool, h: h, rng: rand.New(rand.NewPCG(cfg.seed, 0x7047))}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	w.client, err = pglock.New(pool, pglock.WithTTL(cfg.ttl), pglock.WithInstanceName(cfg.id),
+	w.client, err = pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithInstanceName(cfg.id),
 		pglock.WithLogger(logger), pglock.WithEventHandler(w.event))
 	if err != nil {
 		return errors.Join(err, h.close())
@@ -165,7 +165,7 @@ const closeTimeout = 10 * time.Second
 // as a service does on SIGTERM (a WithLock section may be half done: Close must wait
 // for it), then waits for them.
 func (w *worker) run(ctx context.Context) error {
-	if _, err := w.client.Elect(leaderKey, pglock.Leader{OnAcquired: w.onAcquired, OnLost: w.onLost}); err != nil {
+	if _, err := w.client.Elect(leaderKey, pglock.LeaderCallbacks{OnAcquired: w.onAcquired, OnLost: w.onLost}); err != nil {
 		return errors.Join(err, w.close(ctx))
 	}
 	job, err := w.client.Job(jobKey, w.tickRun, pglock.OnOneInstance())
@@ -216,7 +216,7 @@ func (w *worker) event(ev pglock.Event) {
 	switch ev.Type {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
 		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: ev.Key, Owner: ev.Owner, Token: ev.Token,
-			Reason: ev.Reason, Local: ev.Time})
+			Reason: string(ev.Reason), Local: ev.Time})
 	}
 }
 
@@ -240,7 +240,7 @@ func (w *worker) lockLoop(ctx context.Context) {
 }
 
 // acquire takes key with Acquire and records the attempt.
-func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.LockOption) (*pglock.Lock, error) {
+func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.Option) (*pglock.Lock, error) {
 	start := time.Now()
 	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
 	l, err := w.client.Acquire(ctx, key, opts...)
@@ -272,7 +272,7 @@ func released(l *pglock.Lock, err error) Record {
 		r.Type, r.Err = typeFail, err.Error()
 		var lost *pglock.LockLostError
 		if errors.As(err, &lost) {
-			r.Reason = lost.Reason
+			r.Reason = string(lost.Reason)
 		}
 	}
 	return r

@@ -16,11 +16,12 @@
 //	-ttl                        LOCK_TTL                   the locks' ttl (30s)
 //	-log-level                  LOG_LEVEL                  debug shows the skipped ticks (info)
 //
-// Without a database URL it uses the server the libpq defaults reach (PGHOST, PGPORT,
-// PGUSER, the local socket) if one answers, else it starts an embedded PostgreSQL
-// (downloaded once; offline, point PGLOCK_POSTGRES_BINARIES at a directory with
-// PostgreSQL's bin/, lib/ and share/), and works in a database of its own there,
-// pglock_shop, created if missing. It logs which it chose. Several instances must share
+// Without a database URL it finds a server as example/devdb does: the one the libpq
+// defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if one answers, else an
+// embedded PostgreSQL it starts (downloaded once; offline, point
+// PGLOCK_POSTGRES_BINARIES at a directory with PostgreSQL's bin/, lib/ and share/), and
+// works in a database of its own there, pglock_shop, created if missing. It logs which
+// database and server it uses. Several instances must share
 // one database: give them the same DATABASE_URL.
 //
 // At start it migrates pglock's schema and the shop's tables and inserts the seed data
@@ -44,11 +45,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/example/devdb"
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/pgserver"
 )
 
 // ownDatabase is the database the shop works in when no URL names one.
@@ -60,6 +62,7 @@ const shutdownTimeout = 30 * time.Second
 type config struct {
 	port                    int
 	databaseURL             string
+	databaseFrom            string // where databaseURL came from, for the log
 	adminToken              string
 	invoiceExportCron       string
 	stockReconciliationCron string
@@ -98,6 +101,12 @@ func parse(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	c.databaseFrom = "DATABASE_URL"
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "database-url" {
+			c.databaseFrom = "-database-url"
+		}
+	})
 	if c.ttl < pglock.MinTTL || c.ttl > pglock.MaxTTL {
 		return c, fmt.Errorf("ttl %v: want %v to %v", c.ttl, pglock.MinTTL, pglock.MaxTTL)
 	}
@@ -138,7 +147,7 @@ func run(args []string) (err error) {
 		logger.Info("shop: stopped")
 	}()
 
-	dbURL, err := database(ctx, cfg.databaseURL, logger, &closers)
+	dbURL, err := database(ctx, cfg, logger, &closers)
 	if err != nil {
 		return err
 	}
@@ -157,7 +166,7 @@ func run(args []string) (err error) {
 		return err
 	}
 	host, _ := os.Hostname()
-	locks, err := pglock.New(pool, pglock.WithTTL(cfg.ttl), pglock.WithLogger(logger),
+	locks, err := pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithLogger(logger),
 		pglock.WithInstanceName(fmt.Sprintf("%s:%d", host, cfg.port)))
 	if err != nil {
 		return err
@@ -213,19 +222,30 @@ type closer struct {
 	close func(context.Context) error
 }
 
-// database returns the URL of the shop's database: url when set, else its own
-// database on the server pgserver finds, which it may have to start (and adds to
-// closers to stop).
-func database(ctx context.Context, url string, logger *slog.Logger, closers *[]closer) (string, error) {
-	if url != "" {
-		logger.Info("shop: database from DATABASE_URL")
+// database returns the URL of the shop's database: the one configured, else its own
+// database on the server devdb finds, which it may have to start (and adds to closers
+// to stop). It logs which, in the words of devdb.Server.How.
+func database(ctx context.Context, cfg config, logger *slog.Logger, closers *[]closer) (string, error) {
+	if url := cfg.databaseURL; url != "" {
+		logger.Info("shop: database", slog.String("name", databaseName(url)),
+			slog.String("server", "the server in "+cfg.databaseFrom))
 		return url, nil
 	}
-	srv, err := pgserver.Find(ctx, "DATABASE_URL")
+	srv, err := devdb.Find(ctx, "DATABASE_URL")
 	if err != nil {
 		return "", err
 	}
 	*closers = append(*closers, closer{"embedded postgres", func(context.Context) error { return srv.Stop() }})
-	logger.Info("shop: database", slog.String("server", srv.How), slog.String("database", ownDatabase))
-	return pgserver.EnsureDatabase(ctx, srv.URL, ownDatabase)
+	logger.Info("shop: database", slog.String("name", ownDatabase), slog.String("server", srv.How))
+	return devdb.EnsureDatabase(ctx, srv.URL, ownDatabase)
+}
+
+// databaseName returns the database a URL names, for a log line that must not show
+// the password.
+func databaseName(databaseURL string) string {
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		return "?"
+	}
+	return cfg.Database
 }

@@ -1,0 +1,225 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/pgfence/pglock/internal/renewer"
+)
+
+// TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
+// background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
+// live holder has the key (or when the store's confirmation came back only after the
+// lock's ttl, so late that the lock cannot be trusted; it is handed back), ErrInvalidKey or ErrInvalidArgument for bad input,
+// ErrClosed after Close, or the store's error. ctx bounds the store call only; the
+// lock's own lifetime is Lock.Context.
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	lc, err := c.lockSettings(key, useTry, "TryAcquire", opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.try(ctx, key, lc.ttl)
+}
+
+// Acquire takes key, waiting while it is held: it retries with exponential backoff and
+// jitter (polling at least every quarter of its ttl, so that a lock whose holder died
+// is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
+// is one attempt), or until ctx ends. With a listener (a client of New, see
+// WithoutListener), the key's release wakes it at once. Close ends the wait with
+// ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
+// ctx ended, ctx's cause too). Other errors are TryAcquire's.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
+	if err != nil {
+		return nil, err
+	}
+	return c.acquire(ctx, key, lc)
+}
+
+// acquire is Acquire once its options are applied.
+func (c *Client) acquire(ctx context.Context, key string, lc settings) (*Lock, error) {
+	var deadline time.Time
+	if lc.waitSet {
+		deadline = c.clock.Now().Add(lc.wait)
+	}
+	w := c.listener.waiter(key)
+	defer w.stop()
+	// A lock that expires (its holder died) wakes no one: poll at least every ttl/4.
+	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
+	backoff := 5 * time.Millisecond
+	free := 0 // how many times in a row the key looked free
+	for {
+		l, err := c.try(ctx, key, lc.ttl)
+		if !errors.Is(err, ErrNotAcquired) {
+			return l, err
+		}
+		pause := jitter(backoff)
+		if lc.waitSet {
+			left := deadline.Sub(c.clock.Now())
+			if left <= 0 {
+				return nil, err
+			}
+			pause = min(pause, left)
+		}
+		backoff = min(backoff*2, maxBackoff)
+		if werr := c.waitTurn(ctx, w, pause, &free); werr != nil {
+			return nil, fmt.Errorf("%w: %w", err, werr)
+		}
+	}
+}
+
+// WithLock takes key as Acquire does, runs fn under the lock, and releases the lock when
+// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends, when the lock
+// is lost (context.Cause is then a *LockLostError), or when Close begins (the cause is
+// ErrClosed: Close waits for fn to return before it hands the key back, and when
+// Close's own ctx ends first the key is not handed back but left to expire). Inside fn,
+// pglock.FromContext(ctx) returns the lock, whose Token fences fn's writes. It returns
+// Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
+// when fn returned nil, a *LockLostError if the lock was lost before its release,
+// ErrClosed if Close left it to expire, or the release's error.
+func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
+	if fn == nil {
+		return invalidArg("WithLock: nil fn")
+	}
+	lc, err := c.lockSettings(key, useAcquire, "WithLock", opts)
+	if err != nil {
+		return err
+	}
+	l, err := c.acquire(ctx, key, lc)
+	if err != nil {
+		return err
+	}
+	lctx, stop := withLockContext(ctx, l)
+	defer func() {
+		stop()
+		if rerr := l.Release(ctx); err == nil {
+			err = rerr
+		}
+	}()
+	fctx, s, err := c.enter(lctx)
+	if err != nil {
+		return err
+	}
+	defer c.leave(s)
+	return fn(fctx)
+}
+
+// lockSettings checks key and applies opts, given to call, over the client's defaults.
+func (c *Client) lockSettings(key string, call use, callName string, opts []Option) (settings, error) {
+	s := settings{ttl: c.ttl}
+	if err := checkKey(key); err != nil {
+		return s, err
+	}
+	return s, applyOptions(&s, call, callName, opts)
+}
+
+func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
+	sentAt := c.clock.Now()
+	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
+	switch {
+	case err != nil:
+		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) {
+			// The statement may have been granted after ctx ended or the link failed:
+			// never leave the key held by an owner nobody knows for a whole ttl.
+			c.handBack(ctx, key, owner)
+		}
+		return nil, err
+	case !ok:
+		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+	case token <= 0:
+		// Hand it back rather than hold a lock that cannot fence anything.
+		c.handBack(ctx, key, owner)
+		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
+	case !c.clock.Now().Before(renewer.Deadline(sentAt, ttl)):
+		// The reply came so late (a partition, a stalled process) that the lock may
+		// already be someone else's: it cannot be trusted for a moment.
+		c.handBack(ctx, key, owner)
+		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
+	}
+	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
+	l.entry.Lost = l.lose
+	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(context.Background(), lockContextKey{}, l))
+
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		c.handBack(ctx, key, owner)
+		l.cancel(ErrClosed)
+		return nil, ErrClosed
+	}
+	c.held[l] = struct{}{}
+	c.mu.Unlock()
+	c.renewer.Add(&l.entry, sentAt)
+	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
+		slog.Int64("token", token), slog.Duration("ttl", ttl))
+	c.emit(EventAcquired, key, l, "", nil)
+	return l, nil
+}
+
+// waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a
+// campaigning election): it marks the key wanted, then waits up to pause for the
+// release that wakes it; a key that looked free is tried again at once (freeAgain).
+// free counts the times in a row the key looked free. It returns ctx's cause when ctx
+// ends first.
+func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, free *int) error {
+	if !w.want(ctx) {
+		return freeAgain(ctx, free, pause)
+	}
+	*free = 0
+	return c.sleepOrWake(ctx, pause, w.woken())
+}
+
+// freeAgain is a waiter's step when marking its key found it free (released in
+// between): try again now, not after the pause. A key can look free and still refuse
+// the acquisition (an expired row that a fenced transaction keeps locked), so each
+// further time in a row waits twice as long, from 1 ms up to limit, on the real clock:
+// it must not spin, and a test's stopped clock must not park a waiter whose key is free.
+func freeAgain(ctx context.Context, times *int, limit time.Duration) error {
+	defer func() { *times++ }()
+	if *times == 0 {
+		return nil
+	}
+	t := time.NewTimer(min(time.Millisecond<<min(*times-1, 20), limit))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// sleep waits d on the client's clock, or until ctx ends (returning its cause).
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	return c.sleepOrWake(ctx, d, nil)
+}
+
+// sleepOrWake is sleep that also returns, with nil, when wake fires (nil never does).
+func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+	done := make(chan struct{})
+	t := c.clock.AfterFunc(d, func() { close(done) })
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// jitter returns a duration between d/2 and d, so that callers that failed together
+// retry apart.
+func jitter(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}

@@ -1,0 +1,165 @@
+// Package devdb is how pglock's examples find a PostgreSQL on a laptop, so that
+// `go run ./example/tryit` works on a fresh machine:
+//
+//  1. the URL in an environment variable (DATABASE_URL for the examples), when set;
+//  2. else the server the libpq defaults reach (PGHOST, PGPORT, PGUSER, PGPASSWORD,
+//     the local socket), when one answers within 3 s;
+//  3. else an embedded PostgreSQL started for the process, its binaries downloaded
+//     once into the user's cache directory (offline, BinariesEnv names local ones).
+//
+// Then EnsureDatabase gives a program a database of its own on that server. pglock's
+// test kit (pglocktest) finds its server the same way.
+//
+// It is for development only. A deployed program is given its URL (pgxpool.New with
+// DATABASE_URL) and never starts a server: copy the examples without this package.
+package devdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	embeddedpostgres "github.com/fergusstrange/embedded-postgres"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// BinariesEnv names the environment variable with a directory of local PostgreSQL
+// binaries (bin/, lib/, share/) for the embedded server, for machines that cannot
+// download them.
+const BinariesEnv = "PGLOCK_POSTGRES_BINARIES"
+
+// Server is a PostgreSQL server to connect to.
+type Server struct {
+	// URL is a postgres:// URL of a database on the server that the caller may
+	// connect to and create databases from.
+	URL string
+	// How says where it was found, for a person: "the server in DATABASE_URL", "the
+	// server the libpq defaults reach" or "an embedded PostgreSQL on port 54321".
+	How string
+	// Embedded reports whether Find started the server: Stop stops it.
+	Embedded bool
+	// Stop stops the server if Find started it, and removes its files; otherwise it
+	// does nothing. Call it once, when the process is done with the server.
+	Stop func() error
+}
+
+// Find returns the server at the URL in the environment variable envVar when it is
+// set, else the one the libpq defaults reach when it answers, else an embedded
+// PostgreSQL it starts on a free port, with its files in a temporary directory that
+// Stop removes. ctx bounds the search, not the embedded server's start (up to a
+// minute, more the first time: it downloads the binaries).
+func Find(ctx context.Context, envVar string) (*Server, error) {
+	noop := func() error { return nil }
+	if u := os.Getenv(envVar); u != "" {
+		return &Server{URL: u, How: "the server in " + envVar, Stop: noop}, nil
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(pingCtx, ""); err == nil {
+		u := URLOf(&conn.Config().Config)
+		_ = conn.Close(pingCtx)
+		return &Server{URL: u, How: "the server the libpq defaults reach", Stop: noop}, nil
+	}
+	return startEmbedded()
+}
+
+// URLOf returns a postgres:// URL for the database cfg connects to, with its host (a
+// name, an address or a socket directory) and port in the query.
+func URLOf(cfg *pgconn.Config) string {
+	u := url.URL{Scheme: "postgres", Path: "/" + cfg.Database}
+	if cfg.Password != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Password)
+	} else {
+		u.User = url.User(cfg.User)
+	}
+	q := url.Values{}
+	q.Set("host", cfg.Host)
+	q.Set("port", strconv.Itoa(int(cfg.Port)))
+	if cfg.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// WithDatabase returns serverURL with its database replaced by name.
+func WithDatabase(serverURL, name string) (string, error) {
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return "", err
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// EnsureDatabase creates the database name on the server serverURL points at, unless
+// it exists, and returns its URL: each example works in a database of its own, and
+// never creates or drops anything in another. ctx bounds the connection and the
+// statement.
+func EnsureDatabase(ctx context.Context, serverURL, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	var pgErr *pgconn.PgError
+	if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42P04") { // duplicate_database
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	return WithDatabase(serverURL, name)
+}
+
+func startEmbedded() (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	runtime, err := os.MkdirTemp("", "pglock-postgres-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := embeddedpostgres.DefaultConfig().
+		Port(uint32(port)).
+		RuntimePath(runtime).
+		CachePath(filepath.Join(cache, "pglock", "embedded-postgres")).
+		Logger(io.Discard).
+		StartTimeout(time.Minute)
+	if bin := os.Getenv(BinariesEnv); bin != "" {
+		cfg = cfg.BinariesPath(bin)
+	}
+	db := embeddedpostgres.NewDatabase(cfg)
+	if err := db.Start(); err != nil {
+		_ = os.RemoveAll(runtime)
+		return nil, fmt.Errorf("no PostgreSQL server answers, and an embedded one did not start: %w", err)
+	}
+	return &Server{
+		URL:      fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		How:      "an embedded PostgreSQL on port " + strconv.Itoa(port),
+		Embedded: true,
+		Stop: func() error {
+			return errors.Join(db.Stop(), os.RemoveAll(runtime))
+		},
+	}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

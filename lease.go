@@ -1,0 +1,172 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// lease is the sticky lease of a job, of a gocron locker's job or of a gocron elector:
+// taken by the first tick that finds it free, then kept, renewed by the client's
+// renewer, between ticks, until it is lost (the next tick tries to take it again) or
+// handed back at Close.
+type lease struct {
+	c      *Client
+	job    string // what ticks under it, for logs and events
+	key    string // the lease's own key
+	ttl    time.Duration
+	taking chan struct{} // one hold at a time: ticks that come together wait for a take rather than lose to it
+
+	mu    sync.Mutex
+	lock  *Lock     // nil until taken; not Held once lost
+	ranAt time.Time // when the last run under it started, on the client's clock
+}
+
+func newLease(c *Client, job, key string, ttl time.Duration) *lease {
+	return &lease{c: c, job: job, key: key, ttl: ttl, taking: make(chan struct{}, 1)}
+}
+
+// hold returns the lease for a tick: kept from an earlier tick, or taken now. When
+// another instance holds it, the tick is skipped (logged and emitted) and the error
+// matches ErrNotAcquired. ctx bounds the wait for a concurrent hold and the store call.
+func (s *lease) hold(ctx context.Context) (*Lock, error) {
+	if s.c.isClosed() {
+		return nil, ErrClosed
+	}
+	select {
+	case s.taking <- struct{}{}:
+	default: // wait, unless ctx ends first; a held lease needs no live ctx
+		select {
+		case s.taking <- struct{}{}:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}
+	defer func() { <-s.taking }()
+	s.mu.Lock()
+	l := s.lock
+	s.mu.Unlock()
+	if l != nil && l.Held() {
+		return l, nil
+	}
+	l, err := s.c.try(ctx, s.key, s.ttl)
+	if errors.Is(err, ErrNotAcquired) {
+		s.c.skipped(s.job, ReasonOtherInstance)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.lock = l
+	s.mu.Unlock()
+	s.c.logger.Info("pglock: job runs on this instance", slog.String("key", s.job), slog.String("lease", s.key),
+		slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
+	return l, nil
+}
+
+// ran records that a run under the lease starts now.
+func (s *lease) ran() {
+	now := s.c.clock.Now()
+	s.mu.Lock()
+	s.ranAt = now
+	s.mu.Unlock()
+}
+
+// handBack gives the lease back at Close. A lease whose last run started less than a
+// second ago, on the client's clock, is kept for the rest of that second, so that
+// instances firing the same tick a moment later skip it rather than run it again.
+// ctx bounds that wait; the release runs detached from ctx's cancellation.
+func (s *lease) handBack(ctx context.Context) error {
+	s.mu.Lock()
+	l, ranAt := s.lock, s.ranAt
+	s.mu.Unlock()
+	if l == nil || !l.Held() {
+		return nil
+	}
+	if wait := ranAt.Add(time.Second).Sub(s.c.clock.Now()); wait > 0 {
+		s.c.logger.Debug("pglock: keeping job lease until a second after its last run started",
+			slog.String("key", s.job), slog.String("lease", s.key), slog.Int64("token", l.Token()))
+		if err := s.c.sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+	if err := l.Release(ctx); err != nil {
+		if errors.Is(err, ErrLockLost) {
+			return nil
+		}
+		return err
+	}
+	s.c.logger.Info("pglock: job lease handed back", slog.String("key", s.job), slog.String("lease", s.key),
+		slog.Int64("token", l.Token()))
+	return nil
+}
+
+// runs counts the runs in progress of a job or a gocron locker, so that Close can
+// refuse new ones and wait for the others. Its zero value, with c set, is ready.
+type runs struct {
+	c *Client
+
+	mu      sync.Mutex
+	closing bool
+	n       int
+	idle    chan struct{} // made by wait; closed once closing and no run is left
+}
+
+// start counts a run in, or returns ErrClosed once the client's Close has begun.
+func (r *runs) start() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closing || r.c.isClosed() {
+		return ErrClosed
+	}
+	r.n++
+	return nil
+}
+
+// end counts a run out.
+func (r *runs) end() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n--; r.closing && r.n == 0 {
+		close(r.idle)
+	}
+}
+
+// wait refuses new runs and waits for those in progress, or for ctx to end (returning
+// its cause). It is called once, by Close.
+func (r *runs) wait(ctx context.Context) error {
+	r.mu.Lock()
+	r.closing = true
+	r.idle = make(chan struct{})
+	if r.n == 0 {
+		close(r.idle)
+	}
+	idle := r.idle
+	r.mu.Unlock()
+	return waitDone(ctx, idle)
+}
+
+// shutdown is the Close step of a job, a gocron locker or a gocron elector: it waits for
+// the runs in progress (r may be nil), then hands the leases back (nil ones skipped).
+func shutdown(ctx context.Context, r *runs, leases ...*lease) error {
+	if r != nil {
+		if err := r.wait(ctx); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, s := range leases {
+		if s == nil {
+			continue
+		}
+		if err := s.handBack(ctx); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,148 @@
+package pglock
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/pgfence/pglock/internal/renewer"
+)
+
+// Lock is a held lock: a lease on a key, renewed in the background, with the fencing
+// token of this acquisition. Its methods are safe for concurrent use.
+type Lock struct {
+	c      *Client
+	token  int64
+	entry  renewer.Entry // Key, Owner, TTL; the renewer's bookkeeping
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex
+	ending chan struct{} // made when the lock starts to end (Release, loss, Close); closed once err is set
+	err    error         // what Release returns once ended
+}
+
+// Key returns the lock's key.
+func (l *Lock) Key() string { return l.entry.Key }
+
+// Owner returns the owner id this acquisition drew: the client's instance name and a
+// random suffix.
+func (l *Lock) Owner() string { return l.entry.Owner }
+
+// Token returns the fencing token: positive, and greater than the token of every
+// earlier acquisition of the key. Write it with what the lock protects (see
+// FenceUpdate) so that a paused former holder's late write is refused.
+func (l *Lock) Token() int64 { return l.token }
+
+// TTL returns the lock's ttl.
+func (l *Lock) TTL() time.Duration { return l.entry.TTL }
+
+// Context returns a context that is cancelled when the lock is released or lost; on a
+// loss, context.Cause is a *LockLostError. FromContext on it returns l.
+func (l *Lock) Context() context.Context { return l.ctx }
+
+// Held reports whether the lock is neither released nor lost, and its deadline (see the
+// package doc) has not passed on the client's clock, even if the renewer has not yet
+// run to say so. A paused process cannot know: see the package doc on fencing.
+func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
+
+// Release gives the lock back. It is idempotent and safe to call concurrently: every
+// call returns what the first returned, once the first has finished. The store call
+// runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
+// releases. It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
+// before, ErrClosed when Close left it to expire, or the store's error (the lock then
+// expires after its ttl).
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.ending != nil {
+		ending := l.ending
+		l.mu.Unlock()
+		<-ending
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.err
+	}
+	l.ending = make(chan struct{})
+	l.mu.Unlock()
+
+	c := l.c
+	c.forget(l)
+	held, reason := c.renewer.Remove(&l.entry)
+	var err error
+	if !held { // the renewer found it lost a moment ago
+		err = l.lostError(reason)
+		l.cancel(err)
+	} else {
+		l.cancel(context.Canceled)
+		ok, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
+		switch {
+		case serr != nil:
+			err = serr
+		case !ok:
+			err = &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
+		default:
+			c.logger.Debug("pglock: released lock", slog.String("key", l.entry.Key),
+				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
+			c.emit(EventReleased, l.entry.Key, l, "", nil)
+		}
+	}
+	l.mu.Lock()
+	l.err = err
+	close(l.ending)
+	l.mu.Unlock()
+	return err
+}
+
+func (l *Lock) lostError(r renewer.Reason) *LockLostError {
+	reason := ReasonExpired
+	if r == renewer.Refused {
+		reason = ReasonRefused
+	}
+	return &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
+}
+
+// abandon ends a lock that Close could not release in time.
+func (l *Lock) abandon() { l.end(ErrClosed) }
+
+// lose is the renewer's report that the lock is lost.
+func (l *Lock) lose(r renewer.Reason) {
+	err := l.lostError(r)
+	l.end(err)
+	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
+		slog.Int64("token", l.token), slog.Any("err", err))
+	l.c.emit(EventLost, l.entry.Key, l, err.Reason, err)
+}
+
+// end records why the lock ended, unless Release got there first, and cancels its
+// context with that cause.
+func (l *Lock) end(err error) {
+	l.mu.Lock()
+	if l.ending == nil {
+		l.ending, l.err = make(chan struct{}), err
+		close(l.ending)
+	}
+	l.mu.Unlock()
+	l.c.forget(l)
+	l.cancel(err)
+}
+
+type lockContextKey struct{}
+
+// withLockContext returns ctx carrying l for FromContext, cancelled with l's cause when
+// l is lost or released; stop cancels it and lets go of l.
+func withLockContext(ctx context.Context, l *Lock) (_ context.Context, stop func()) {
+	lctx, cancel := context.WithCancelCause(context.WithValue(ctx, lockContextKey{}, l))
+	unwatch := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	return lctx, func() {
+		unwatch()
+		cancel(context.Canceled)
+	}
+}
+
+// FromContext returns the lock ctx runs under: inside WithLock's fn, a job's run, or a
+// leader's OnAcquired, and from Lock.Context.
+func FromContext(ctx context.Context) (*Lock, bool) {
+	l, ok := ctx.Value(lockContextKey{}).(*Lock)
+	return l, ok
+}

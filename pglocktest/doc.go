@@ -1,0 +1,32 @@
+// Package pglocktest helps test code that uses pglock, and stores written for it.
+//
+// # A database per test
+//
+// Postgres returns a pool on a fresh database with the pglock schema, closed and
+// dropped when the test ends; PostgresURL returns the database's URL instead, for code
+// that opens its own connections, and Pool opens another pool on it, for a second
+// instance of an application. Tests never share a database, so they may run in
+// parallel.
+//
+// The server is the one in PGLOCK_TEST_DATABASE_URL (DatabaseURLEnv) when it is set,
+// else the one the libpq defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if
+// it answers, else an embedded PostgreSQL that the tests of the process share, stopped
+// when the last test using it ends (its binaries are downloaded once; offline, point
+// PGLOCK_POSTGRES_BINARIES at local ones). With no server at all the tests that
+// need one are skipped, saying why, except when the CI environment variable is set:
+// then they fail, so that a CI job cannot pass without having run them.
+//
+// # Time
+//
+// A pglock.Client on a ManualClock renews, waits and counts its locks' deadlines only
+// when the test calls Advance. Such a client behaves like a paused process (a long
+// garbage collection, SIGSTOP): it does not renew, and the database expires its locks
+// after their ttl, in real time, on its own clock. That is how a test shows that a
+// write from a holder that lost its lock is refused by its fencing token.
+//
+// # A store of your own
+//
+// TestStore runs the pglock.Store contract as subtests, one per behaviour, in the
+// spirit of testing/fstest.TestFS: give it a function that returns the store under
+// test. It has no false positives but may miss races: run it with -race.
+package pglocktest
