@@ -632,3 +632,38 @@ func BenchmarkWhilePruning(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStoreExecMode times the PostgreSQL store's acquire + release, which run in
+// pgx.QueryExecModeExec so that they work behind PgBouncer in transaction mode, against
+// the same two statements in the pool's default mode (named prepared statements cached
+// per connection). Target: vs-cache <= 1.05.
+func BenchmarkStoreExecMode(b *testing.B) {
+	for _, goroutines := range []int{1, 16} {
+		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
+			pool := pglocktest.Postgres(b)
+			store := pglock.NewPostgresStore(pool)
+			keys := make([]string, goroutines)
+			for g := range keys {
+				keys[g] = "bench:mode:" + strconv.Itoa(g)
+			}
+			exec := benchOp{name: "exec", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+				if _, ok, err := store.Acquire(ctx, keys[g], "o", time.Minute); err != nil || !ok {
+					return cmp.Or(err, errors.New("not acquired"))
+				}
+				_, err := store.Release(ctx, keys[g], "o")
+				return err
+			}}
+			cache := benchOp{name: "cache", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+				var token *int64
+				if err := pool.QueryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, keys[g], "o", int64(60_000)).Scan(&token); err != nil || token == nil {
+					return cmp.Or(err, errors.New("not acquired"))
+				}
+				var ok bool
+				return pool.QueryRow(ctx, `SELECT pglock.lock_release($1, $2)`, keys[g], "o").Scan(&ok)
+			}}
+			ops := []benchOp{exec, cache}
+			warmUp(b, ops...)
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}

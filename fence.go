@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock/internal/sqlfence"
 )
@@ -50,6 +51,11 @@ const fenceMaxColumnLen = 63
 // is not qualified, so it must be unambiguous: with a FROM clause, no FROM table may
 // have a column of that name (PostgreSQL then refuses the statement). WITH queries,
 // ONLY, aliases, FROM, RETURNING and one trailing semicolon are kept.
+//
+// Under pgx's simple protocol (pgx v5.12 and later, which this module requires), pgx
+// substitutes the arguments into the text itself: dollar-quoted strings holding $n are
+// kept as they are, but an unquoted identifier ending in $ and digits (x$1) is not:
+// quote it there, or use another mode (ExecFenced refuses it under that protocol).
 //
 // The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
 // rewritten safely (see ErrUnsafeQuery; a DELETE is refused too). An error wrapping
@@ -94,6 +100,9 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // the write fail with a serialization error (SQLSTATE 40001) instead of writing, and
 // the lock's renewals wait for the transaction, so keep such transactions short.
 //
+// As with FenceUpdate, an unquoted identifier ending in $ and digits (x$1) is not safe
+// under pgx's simple protocol; dollar-quoted strings are.
+//
 // The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
 // rewritten safely (see ErrUnsafeQuery). An error wrapping ErrInvalidKey reports an
 // empty key, invalid UTF-8 or a NUL byte in it; one wrapping ErrInvalidArgument a
@@ -116,6 +125,17 @@ func FenceHeld(query, key string, token int64, args ...any) (string, []any, erro
 // row it matches holds a newer token than token, which means the caller's lock was
 // taken over.
 //
+// As with pgx's Exec, args may start with a pgx.QueryExecMode, which is passed on and
+// not counted as a parameter: behind PgBouncer in transaction mode, with a pool in
+// pgx's default mode, pass pgx.QueryExecModeExec. Under pgx's simple protocol (that
+// mode, or the db's DefaultQueryExecMode when none is given) pgx substitutes the
+// arguments into the text itself; it skips literals and dollar-quoted strings as
+// PostgreSQL does, but would also substitute a $n that ends an unquoted identifier
+// (x$1), which PostgreSQL reads as part of the name: a query with $ and a digit right
+// after a letter, digit or underscore, anywhere in its text (quoted or not, to keep the
+// check simple), is refused with an error wrapping ErrUnsafeQuery under that protocol
+// alone.
+//
 // ctx bounds only the Exec (the rewrite does no I/O); when it ends first the error
 // matches ctx.Err() with errors.Is. Errors from FenceUpdate are returned as they are
 // (ErrUnsafeQuery, ErrInvalidArgument); a nil db is ErrInvalidArgument; an error from
@@ -125,15 +145,61 @@ func ExecFenced(ctx context.Context, db Execer, query, column string, token int6
 	if db == nil {
 		return 0, invalidArg("db is nil")
 	}
+	var mode []any
+	if len(args) > 0 {
+		if m, ok := args[0].(pgx.QueryExecMode); ok {
+			mode, args = []any{m}, args[1:]
+		}
+	}
 	q, fencedArgs, err := FenceUpdate(query, column, token, args...)
 	if err != nil {
 		return 0, err
 	}
-	tag, err := db.Exec(ctx, q, fencedArgs...)
+	if at := paramInIdentifier(q); at >= 0 && simpleProtocol(db, mode) {
+		return 0, fmt.Errorf("%w: $ and a digit at offset %d end an identifier, which pgx's simple protocol would substitute: rename it or use another pgx.QueryExecMode", ErrUnsafeQuery, at)
+	}
+	tag, err := db.Exec(ctx, q, append(mode, fencedArgs...)...)
 	if err != nil {
 		return 0, fmt.Errorf("pglock: fenced write: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// paramInIdentifier returns the offset of the first '$' that follows an identifier
+// character and precedes a digit (x$1), or -1. pgx's simple-protocol sanitizer takes it
+// for a parameter where PostgreSQL sees one identifier. It looks inside literals and
+// comments too: a needless refusal there is cheaper than a lexer of its own.
+func paramInIdentifier(q string) int {
+	for i := 1; i+1 < len(q); i++ {
+		if q[i] == '$' && q[i+1] >= '0' && q[i+1] <= '9' {
+			c := q[i-1]
+			if c == '_' || c == '$' || c >= 0x80 || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// simpleProtocol reports whether db.Exec would run with pgx's simple protocol: mode,
+// the leading pgx.QueryExecMode of the call if any, else the default of db's
+// configuration when db is a pgx pool, connection or transaction.
+func simpleProtocol(db Execer, mode []any) bool {
+	if len(mode) == 1 {
+		return mode[0] == pgx.QueryExecModeSimpleProtocol
+	}
+	var cfg *pgx.ConnConfig
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		cfg = db.Config().ConnConfig
+	case *pgx.Conn:
+		cfg = db.Config()
+	case pgx.Tx:
+		if conn := db.Conn(); conn != nil {
+			cfg = conn.Config()
+		}
+	}
+	return cfg != nil && cfg.DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol
 }
 
 // prepareFence checks token, then query with sqlfence.Check, whose refusals it gives

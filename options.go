@@ -70,6 +70,7 @@ type settings struct {
 	instance           string
 	onEvent            func(Event)
 	listen             *pgx.ConnConfig // the listener's connection (New); nil: waiting polls
+	listenOverride     *pgx.ConnConfig // WithListenerConnString's, over listen
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
@@ -173,12 +174,34 @@ func WithEventHandler(h func(Event)) Option {
 // opens one extra connection from its pool's configuration, the first time one of its
 // Acquire calls or elections has to wait, and LISTENs on it, so that a release of the
 // key wakes the waiter at once rather than at its next retry (a leader's Close or
-// Resign hands over within milliseconds, not ttl/3). Use it behind PgBouncer in
-// transaction mode, where LISTEN does not work, or to spare the connection. Clients
+// Resign hands over within milliseconds, not ttl/3). Use it to spare the
+// connection; behind PgBouncer in transaction mode, where LISTEN does not work, use it
+// or WithListenerConnString (waiters still get the key without either, by polling). Clients
 // of NewWithStore always poll. It applies to New and NewWithStore.
 func WithoutListener() Option {
 	return Option{name: "WithoutListener", where: useClient, apply: func(s *settings) error {
 		s.noListen = true
+		return nil
+	}}
+}
+
+// WithListenerConnString sets the connection string of the extra connection that a
+// Client of New LISTENs on, instead of the pool's own configuration: point it at
+// PostgreSQL directly while the pool goes through PgBouncer in transaction mode, where
+// LISTEN does not work (waiters then only poll). It must be a non-empty connection
+// string that pgx.ParseConfig accepts, on the pool's database, where the releases are
+// notified. It applies to New, and to NewWithStore with a store of NewPostgresStore or
+// NewSQLStore, which otherwise polls; WithoutListener overrides it.
+func WithListenerConnString(connString string) Option {
+	return Option{name: "WithListenerConnString", where: useClient, apply: func(s *settings) error {
+		if connString == "" {
+			return errors.New("empty: want a connection string")
+		}
+		cfg, err := pgx.ParseConfig(connString)
+		if err != nil {
+			return err
+		}
+		s.listenOverride = cfg
 		return nil
 	}}
 }

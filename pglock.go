@@ -44,7 +44,10 @@ type Client struct {
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
 // have the pglock schema (see Migrate). The pool stays the caller's: close it after
 // Client.Close. Unless WithoutListener is set, waiting also listens for releases on a
-// connection of its own, opened from the pool's configuration when first needed.
+// connection of its own, opened when first needed from the pool's configuration, or
+// from WithListenerConnString's (PostgreSQL itself when the pool goes through
+// PgBouncer). pglock's statements work through PgBouncer in transaction mode whatever
+// the pool's DefaultQueryExecMode (see NewPostgresStore).
 // Errors wrap ErrInvalidArgument and name the option at fault.
 func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	if pool == nil {
@@ -91,6 +94,9 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		sections: make(map[*section]struct{}),
 		closing:  make(chan struct{}),
 		keys:     make(map[string]string),
+	}
+	if cfg.listenOverride != nil {
+		cfg.listen = cfg.listenOverride
 	}
 	if cfg.noListen {
 		cfg.listen = nil

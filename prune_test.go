@@ -229,7 +229,7 @@ func TestPruneRacingAcquisitionsKeepsEveryKeysTokensIncreasing(t *testing.T) {
 		}
 	}
 	require.Positive(t, pruned.Load(), "nothing was pruned: the test proved nothing")
-	require.Greater(t, acquired.Load(), int64(workers*rounds/2))
+	require.Greater(t, acquired.Load(), int64(workers*rounds/4), "too few acquisitions raced the prunes")
 	t.Logf("%d acquisitions, %d lost, %d rows pruned", acquired.Load(), lost.Load(), pruned.Load())
 }
 

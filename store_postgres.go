@@ -14,6 +14,8 @@ import (
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
 // it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
+// The store passes pgx.QueryExecModeExec as the first argument of every call (see
+// NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as they are.
 type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -21,8 +23,11 @@ type Queryer interface {
 
 // NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
 // It implements BatchRenewer and HolderReader, and Client.Prune works on it. Every
-// call is one statement calling one of the schema's functions, so it works behind
-// PgBouncer in transaction mode. On a database without the schema, or with one older
+// call is one statement calling one of the schema's functions, run with
+// pgx.QueryExecModeExec (the unnamed statement, no cache on the connection), so it works
+// behind PgBouncer in transaction mode whatever the pool's DefaultQueryExecMode: the
+// default mode's named prepared statements belong to one server connection, which
+// PgBouncer hands to another client at the end of each transaction. On a database without the schema, or with one older
 // than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store.
@@ -31,9 +36,11 @@ func NewPostgresStore(db Queryer) Store {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
 	return &postgresStore{
-		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRow(ctx, q, args...) },
+		queryRow: func(ctx context.Context, q string, args ...any) scanner {
+			return db.QueryRow(ctx, q, withExecMode(args)...)
+		},
 		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
-			rows, err := db.Query(ctx, q, args...)
+			rows, err := db.Query(ctx, q, withExecMode(args)...)
 			if err != nil {
 				return nil, err
 			}
@@ -41,6 +48,17 @@ func NewPostgresStore(db Queryer) Store {
 		},
 		array: func(s []string) any { return s },
 	}
+}
+
+// storeExecMode is the mode of the PostgreSQL store's statements: one round trip, like
+// the default mode's, but nothing prepared by name and no per-connection cache, so
+// PgBouncer's transaction pooling cannot hand a statement to a connection that has not
+// (or already has) prepared it. []string still goes as text[].
+const storeExecMode = pgx.QueryExecModeExec
+
+// withExecMode returns args behind storeExecMode, in a new slice.
+func withExecMode(args []any) []any {
+	return append(append(make([]any, 0, len(args)+1), storeExecMode), args...)
 }
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
@@ -188,7 +206,8 @@ func (s *postgresStore) prune(ctx context.Context, olderThan time.Duration, limi
 // storeError wraps err, from the store call that format and args describe, with %w so
 // that a driver's error stays reachable with errors.As. When the server says the pglock
 // schema or one of its functions does not exist, it says what to do as well: a
-// database nobody migrated, or migrated by an older pglock.
+// database nobody migrated, or migrated by an older pglock. When the role may not call
+// them, it says what to grant.
 func storeError(err error, format string, args ...any) error {
 	op := fmt.Sprintf(format, args...)
 	// pgx's *pgconn.PgError and lib/pq's *pq.Error both tell their SQLSTATE so.
@@ -198,6 +217,8 @@ func storeError(err error, format string, args ...any) error {
 		case "3F000", // invalid_schema_name: no pglock schema
 			"42883": // undefined_function: a schema older than this library
 			return fmt.Errorf("pglock: %s: the pglock schema is missing or out of date: run pglock.Migrate (or apply sql/pglock.sql): %w", op, err)
+		case "42501": // insufficient_privilege: a role not granted what README.md lists
+			return fmt.Errorf("pglock: %s: this role may not call pglock's functions: as the role that migrated, GRANT USAGE ON SCHEMA pglock and EXECUTE ON ALL FUNCTIONS IN SCHEMA pglock to it (README.md, Privileges): %w", op, err)
 		}
 	}
 	return fmt.Errorf("pglock: %s: %w", op, err)

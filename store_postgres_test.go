@@ -22,6 +22,11 @@ type recordingQueryer struct {
 }
 
 func (r *recordingQueryer) record(args []any) {
+	if len(args) > 0 {
+		if _, ok := args[0].(pgx.QueryExecMode); ok {
+			args = args[1:] // the store's exec mode, not a statement argument
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last = args

@@ -33,7 +33,8 @@ import (
 
 // BinariesEnv names the environment variable with a directory of local PostgreSQL
 // binaries (bin/, lib/, share/) for the embedded server, for machines that cannot
-// download them.
+// download them. Debian's and Ubuntu's /usr/lib/postgresql/<version> (the postgresql
+// package, its server not running) works as it is. initdb refuses to run as root.
 const BinariesEnv = "PGLOCK_POSTGRES_BINARIES"
 
 // Server is a PostgreSQL server to connect to.
@@ -55,7 +56,8 @@ type Server struct {
 // set, else the one the libpq defaults reach when it answers, else an embedded
 // PostgreSQL it starts on a free port, with its files in a temporary directory that
 // Stop removes. ctx bounds the search, not the embedded server's start (up to a
-// minute, more the first time: it downloads the binaries).
+// minute, more the first time: it downloads the binaries). When none is found, the
+// error says what to do: set envVar, start a server, or set BinariesEnv.
 func Find(ctx context.Context, envVar string) (*Server, error) {
 	noop := func() error { return nil }
 	if u := os.Getenv(envVar); u != "" {
@@ -63,12 +65,13 @@ func Find(ctx context.Context, envVar string) (*Server, error) {
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if conn, err := pgx.Connect(pingCtx, ""); err == nil {
+	conn, pingErr := pgx.Connect(pingCtx, "")
+	if pingErr == nil {
 		u := URLOf(&conn.Config().Config)
 		_ = conn.Close(pingCtx)
 		return &Server{URL: u, How: "the server the libpq defaults reach", Stop: noop}, nil
 	}
-	return startEmbedded()
+	return startEmbedded(envVar, pingErr)
 }
 
 // URLOf returns a postgres:// URL for the database cfg connects to, with its host (a
@@ -118,7 +121,13 @@ func EnsureDatabase(ctx context.Context, serverURL, name string) (string, error)
 	return WithDatabase(serverURL, name)
 }
 
-func startEmbedded() (*Server, error) {
+// binaryRepositoryURL, when set, replaces the repository embedded-postgres downloads
+// the binaries from: a test points it at an address that refuses connections.
+var binaryRepositoryURL string
+
+// startEmbedded starts an embedded PostgreSQL. pingErr says why the libpq defaults
+// reached no server; an error says what the person can do instead.
+func startEmbedded(envVar string, pingErr error) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -127,6 +136,7 @@ func startEmbedded() (*Server, error) {
 	if err != nil {
 		cache = os.TempDir()
 	}
+	cache = filepath.Join(cache, "pglock", "embedded-postgres")
 	runtime, err := os.MkdirTemp("", "pglock-postgres-")
 	if err != nil {
 		return nil, err
@@ -134,16 +144,21 @@ func startEmbedded() (*Server, error) {
 	cfg := embeddedpostgres.DefaultConfig().
 		Port(uint32(port)).
 		RuntimePath(runtime).
-		CachePath(filepath.Join(cache, "pglock", "embedded-postgres")).
+		CachePath(cache).
 		Logger(io.Discard).
 		StartTimeout(time.Minute)
-	if bin := os.Getenv(BinariesEnv); bin != "" {
+	bin := os.Getenv(BinariesEnv)
+	if bin != "" {
 		cfg = cfg.BinariesPath(bin)
+	}
+	if binaryRepositoryURL != "" {
+		cfg = cfg.BinaryRepositoryURL(binaryRepositoryURL)
 	}
 	db := embeddedpostgres.NewDatabase(cfg)
 	if err := db.Start(); err != nil {
 		_ = os.RemoveAll(runtime)
-		return nil, fmt.Errorf("no PostgreSQL server answers, and an embedded one did not start: %w", err)
+		return nil, fmt.Errorf("%s. Tried: %s is not set, the libpq defaults reach no server (%v), and an embedded PostgreSQL did not start: %w",
+			advice(envVar, bin, cache), envVar, pingErr, err)
 	}
 	return &Server{
 		URL:      fmt.Sprintf("postgres://postgres:postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
@@ -153,6 +168,33 @@ func startEmbedded() (*Server, error) {
 			return errors.Join(db.Stop(), os.RemoveAll(runtime))
 		},
 	}, nil
+}
+
+// advice says what to do when no server was found and an embedded one, with the
+// binaries in bin ("": downloaded ones, cached in cache), did not start.
+func advice(envVar, bin, cache string) string {
+	say := fmt.Sprintf("no PostgreSQL server. Set %s to a server's URL (postgres://user:password@host:5432/dbname), "+
+		"or start a PostgreSQL server that the libpq defaults reach (PGHOST, PGPORT, PGUSER, PGPASSWORD; "+
+		"by default the local socket and port 5432)", envVar)
+	_, err := os.Stat(filepath.Join(bin, "bin", "pg_ctl"))
+	local := bin != "" && err == nil
+	downloaded, _ := filepath.Glob(filepath.Join(cache, "embedded-postgres-binaries-*"))
+	switch {
+	case local:
+		say += fmt.Sprintf(", or check the PostgreSQL binaries in %s (%s)", BinariesEnv, bin)
+	case len(downloaded) > 0:
+	case bin == "":
+		say += fmt.Sprintf(", or set %s to a directory of PostgreSQL binaries with bin/, lib/ and share/ "+
+			"(on Debian and Ubuntu, /usr/lib/postgresql/<version> of the postgresql package): "+
+			"the binaries for an embedded PostgreSQL could not be downloaded", BinariesEnv)
+	default:
+		say += fmt.Sprintf(", or point %s at a directory with bin/pg_ctl (%s has none, "+
+			"and the binaries for an embedded PostgreSQL could not be downloaded into it)", BinariesEnv, bin)
+	}
+	if os.Geteuid() == 0 {
+		say += ". An embedded PostgreSQL does not start as root (initdb refuses root): run this as another user"
+	}
+	return say
 }
 
 func freePort() (int, error) {
