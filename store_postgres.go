@@ -7,15 +7,18 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
 // it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
-// The store passes pgx.QueryExecModeExec as the first argument of every call (see
-// NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as they are.
+// Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
+// calls (see NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as
+// they are.
 type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
@@ -23,11 +26,14 @@ type Queryer interface {
 
 // NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
 // It implements BatchRenewer and HolderReader, and Client.Prune works on it. Every
-// call is one statement calling one of the schema's functions, run with
-// pgx.QueryExecModeExec (the unnamed statement, no cache on the connection), so it works
-// behind PgBouncer in transaction mode whatever the pool's DefaultQueryExecMode: the
-// default mode's named prepared statements belong to one server connection, which
-// PgBouncer hands to another client at the end of each transaction. On a database without the schema, or with one older
+// call is one statement calling one of the schema's functions. It works behind
+// PgBouncer in transaction mode whatever the pool's DefaultQueryExecMode: the default
+// mode's named prepared statements belong to one server connection, which PgBouncer
+// hands to another client at the end of each transaction, so at the first statement
+// that meets a missing or duplicate prepared statement, the store sends it again and
+// from then on runs every statement with pgx.QueryExecModeExec (nothing kept on a
+// connection). Straight to PostgreSQL, it keeps the pool's mode and its cost. On a
+// database without the schema, or with one older
 // than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store.
@@ -35,30 +41,85 @@ func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
-	return &postgresStore{
-		queryRow: func(ctx context.Context, q string, args ...any) scanner {
-			return db.QueryRow(ctx, q, withExecMode(args)...)
-		},
-		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
-			rows, err := db.Query(ctx, q, withExecMode(args)...)
-			if err != nil {
-				return nil, err
-			}
-			return pgx.CollectRows(rows, pgx.RowTo[string])
-		},
-		array: func(s []string) any { return s },
-	}
+	calls := &pgxCalls{db: db}
+	return &postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, array: func(s []string) any { return s }}
 }
 
-// storeExecMode is the mode of the PostgreSQL store's statements: one round trip, like
-// the default mode's, but nothing prepared by name and no per-connection cache, so
-// PgBouncer's transaction pooling cannot hand a statement to a connection that has not
-// (or already has) prepared it. []string still goes as text[].
-const storeExecMode = pgx.QueryExecModeExec
+// pgxCalls runs the pgx store's statements in the pool's own query mode (by default
+// prepared once per connection and cached: the fastest), until the server answers
+// that a prepared statement is missing or already exists (SQLSTATE 26000, 42P05): the
+// server connections are then shared by a pooler such as PgBouncer in transaction
+// mode, and from then on every statement runs with pgx.QueryExecModeExec (the unnamed
+// statement, nothing kept on a connection; the server plans it at every call). The
+// statement that met the error never ran (the server refuses it at Parse or Bind,
+// before executing anything), so it is sent again at once, in that mode.
+type pgxCalls struct {
+	db     Queryer
+	pooled atomic.Bool // a pooler was met: use pgx.QueryExecModeExec
+}
 
-// withExecMode returns args behind storeExecMode, in a new slice.
+// args returns args as the call sends them, and whether in pgx.QueryExecModeExec.
+func (p *pgxCalls) args(args []any) ([]any, bool) {
+	if p.pooled.Load() {
+		return withExecMode(args), true
+	}
+	return args, false
+}
+
+// retry reports whether a call made without pgx.QueryExecModeExec (exec false) failed
+// because a pooler shares the server connections, and switches the mode if so.
+func (p *pgxCalls) retry(err error, exec bool) bool {
+	var pgErr *pgconn.PgError
+	if exec || !errors.As(err, &pgErr) || pgErr.Code != "26000" && pgErr.Code != "42P05" {
+		return false
+	}
+	p.pooled.Store(true)
+	return true
+}
+
+func (p *pgxCalls) queryRow(ctx context.Context, q string, args ...any) scanner {
+	sent, exec := p.args(args)
+	return &pgxRow{p: p, ctx: ctx, q: q, args: args, exec: exec, row: p.db.QueryRow(ctx, q, sent...)}
+}
+
+// pgxRow is a row of pgxCalls.queryRow: its error comes at Scan, and so does the retry.
+type pgxRow struct {
+	p    *pgxCalls
+	ctx  context.Context
+	q    string
+	args []any
+	exec bool
+	row  pgx.Row
+}
+
+func (r *pgxRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if err != nil && r.p.retry(err, r.exec) {
+		return r.p.db.QueryRow(r.ctx, r.q, withExecMode(r.args)...).Scan(dest...)
+	}
+	return err
+}
+
+func (p *pgxCalls) queryKeys(ctx context.Context, q string, args ...any) ([]string, error) {
+	sent, exec := p.args(args)
+	keys, err := p.collectKeys(ctx, q, sent)
+	if err != nil && p.retry(err, exec) {
+		return p.collectKeys(ctx, q, withExecMode(args))
+	}
+	return keys, err
+}
+
+func (p *pgxCalls) collectKeys(ctx context.Context, q string, args []any) ([]string, error) {
+	rows, err := p.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// withExecMode returns args behind pgx.QueryExecModeExec, in a new slice.
 func withExecMode(args []any) []any {
-	return append(append(make([]any, 0, len(args)+1), storeExecMode), args...)
+	return append(append(make([]any, 0, len(args)+1), pgx.QueryExecModeExec), args...)
 }
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
