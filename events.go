@@ -19,6 +19,19 @@ const (
 	EventJobSkipped         EventType = "job skipped"         // a job's tick was skipped here; Reason says why
 	EventLeadershipAcquired EventType = "leadership acquired" // this instance started leading
 	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Err says why, Reason when the lease was lost or OnAcquired failed
+	EventAcquireFailed      EventType = "acquire failed"      // an Acquire, TryAcquire or WithLock returned without the lock; Err says why (ErrNotAcquired when the key was held)
+	EventRenewal            EventType = "renewal"             // one renewal call to the store ended; Key is empty, Duration is its latency, Err its failure
+)
+
+// Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the
+// same from release to release.
+type Outcome string
+
+const (
+	OutcomeOK       Outcome = "ok"       // fn returned nil and no lock was lost
+	OutcomeError    Outcome = "error"    // fn returned an error
+	OutcomePanicked Outcome = "panicked" // fn panicked; the panic goes on up the stack after it is recorded
+	OutcomeLost     Outcome = "lost"     // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
 )
 
 // Event is something that happened to a lock, a job or an election of a Client. See
@@ -31,8 +44,15 @@ type Event struct {
 	Reason Reason // why, for lost, skipped and some leadership-lost events
 	// Err is why a lock was lost (a *LockLostError) or a leader stepped down (a
 	// *LockLostError, ErrResigned, ErrClosed, or OnAcquired's error); nil otherwise.
-	Err  error
-	Time time.Time // on the client's clock
+	Err error
+	// Wait is, for EventAcquired and EventAcquireFailed, the time from the call to the
+	// acquisition or the giving up, waiting included.
+	Wait time.Duration
+	// Duration is, for EventAcquired, the latency of the store call that took the lock;
+	// for EventJobRan, the run's; for EventRenewal, the renewal call's.
+	Duration time.Duration
+	Outcome  Outcome   // for EventJobRan: how the run ended
+	Time     time.Time // on the client's clock
 }
 
 // events delivers events to the handler on one goroutine, so that whoever emits
