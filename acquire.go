@@ -19,11 +19,16 @@ import (
 // ErrClosed after Close, or the store's error. ctx bounds the store call only; the
 // lock's own lifetime is Lock.Context.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useTry, "TryAcquire", opts)
 	if err != nil {
-		return nil, err
+		return nil, c.acquireFailed(key, start, err)
 	}
-	return c.try(ctx, key, lc.ttl)
+	l, err := c.tryFrom(ctx, key, lc.ttl, start)
+	if err != nil {
+		return nil, c.acquireFailed(key, start, err)
+	}
+	return l, nil
 }
 
 // Acquire takes key, waiting while it is held: it retries with exponential backoff and
@@ -34,18 +39,31 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
 // ctx ended, ctx's cause too). Other errors are TryAcquire's.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
 	if err != nil {
-		return nil, err
+		return nil, c.acquireFailed(key, start, err)
 	}
-	return c.acquire(ctx, key, lc)
+	l, err := c.acquire(ctx, key, lc, start)
+	if err != nil {
+		return nil, c.acquireFailed(key, start, err)
+	}
+	return l, nil
 }
 
-// acquire is Acquire once its options are applied.
-func (c *Client) acquire(ctx context.Context, key string, lc settings) (*Lock, error) {
+// acquireFailed emits EventAcquireFailed for a call on key that began at start and
+// returns err.
+func (c *Client) acquireFailed(key string, start time.Time, err error) error {
+	now := c.clock.Now()
+	c.events.emit(Event{Type: EventAcquireFailed, Key: key, Err: err, Wait: now.Sub(start), Time: now})
+	return err
+}
+
+// acquire is Acquire, called at start, once its options are applied.
+func (c *Client) acquire(ctx context.Context, key string, lc settings, start time.Time) (*Lock, error) {
 	var deadline time.Time
 	if lc.waitSet {
-		deadline = c.clock.Now().Add(lc.wait)
+		deadline = start.Add(lc.wait)
 	}
 	w := c.listener.waiter(key)
 	defer w.stop()
@@ -53,10 +71,18 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings) (*Lock, e
 	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
 	backoff := 5 * time.Millisecond
 	free := 0 // how many times in a row the key looked free
+	// Behind waiters of this client, leave the attempts to the first in line and wait
+	// for a turn; a waiter woken only to mark the key (takeBaton) tries only if the key
+	// is free. See listener.
+	queued := w.join()
+	err := fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	for {
-		l, err := c.try(ctx, key, lc.ttl)
-		if !errors.Is(err, ErrNotAcquired) {
-			return l, err
+		if !queued {
+			var l *Lock
+			l, err = c.tryFrom(ctx, key, lc.ttl, start)
+			if !errors.Is(err, ErrNotAcquired) {
+				return l, err
+			}
 		}
 		pause := jitter(backoff)
 		if lc.waitSet {
@@ -70,6 +96,7 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings) (*Lock, e
 		if werr := c.waitTurn(ctx, w, pause, &free); werr != nil {
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
+		queued = w.takeBaton() || w.behind()
 	}
 }
 
@@ -83,16 +110,17 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings) (*Lock, e
 // when fn returned nil, a *LockLostError if the lock was lost before its release,
 // ErrClosed if Close left it to expire, or the release's error.
 func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
+	start := c.clock.Now()
 	if fn == nil {
-		return invalidArg("WithLock: nil fn")
+		return c.acquireFailed(key, start, invalidArg("WithLock: nil fn"))
 	}
 	lc, err := c.lockSettings(key, useAcquire, "WithLock", opts)
 	if err != nil {
-		return err
+		return c.acquireFailed(key, start, err)
 	}
-	l, err := c.acquire(ctx, key, lc)
+	l, err := c.acquire(ctx, key, lc, start)
 	if err != nil {
-		return err
+		return c.acquireFailed(key, start, err)
 	}
 	lctx, stop := withLockContext(ctx, l)
 	defer func() {
@@ -118,13 +146,20 @@ func (c *Client) lockSettings(key string, call use, callName string, opts []Opti
 	return s, applyOptions(&s, call, callName, opts)
 }
 
+// try makes one attempt to take key for ttl.
 func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	return c.tryFrom(ctx, key, ttl, c.clock.Now())
+}
+
+// tryFrom is try for a call that began at start: EventAcquired's Wait counts from it.
+func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time) (*Lock, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
 	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
+	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
 		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) {
@@ -139,7 +174,7 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 		// Hand it back rather than hold a lock that cannot fence anything.
 		c.handBack(ctx, key, owner)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
-	case !c.clock.Now().Before(renewer.Deadline(sentAt, ttl)):
+	case !repliedAt.Before(renewer.Deadline(sentAt, ttl)):
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
 		c.handBack(ctx, key, owner)
@@ -161,18 +196,20 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 	c.renewer.Add(&l.entry, sentAt)
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
 		slog.Int64("token", token), slog.Duration("ttl", ttl))
-	c.emit(EventAcquired, key, l, "", nil)
+	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,
+		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a
 // campaigning election): it marks the key wanted, then waits up to pause for the
-// release that wakes it; a key that looked free is tried again at once (freeAgain).
-// free counts the times in a row the key looked free. It returns ctx's cause when ctx
-// ends first.
+// release that wakes it; a key that looked free is tried again at once (freeAgain),
+// unless the waiter is behind another of this client's waiters, who tries: it waits
+// for its turn then. free counts the times in a row the key looked free. It returns
+// ctx's cause when ctx ends first.
 func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, free *int) error {
-	if !w.want(ctx) {
-		return freeAgain(ctx, free, pause)
+	if !w.want(ctx) && !w.behind() {
+		return freeAgain(ctx, free, pause, w.woken())
 	}
 	*free = 0
 	return c.sleepOrWake(ctx, pause, w.woken())
@@ -183,7 +220,8 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, f
 // the acquisition (an expired row that a fenced transaction keeps locked), so each
 // further time in a row waits twice as long, from 1 ms up to limit, on the real clock:
 // it must not spin, and a test's stopped clock must not park a waiter whose key is free.
-func freeAgain(ctx context.Context, times *int, limit time.Duration) error {
+// A wake (on wake) ends the wait at once.
+func freeAgain(ctx context.Context, times *int, limit time.Duration, wake <-chan struct{}) error {
 	defer func() { *times++ }()
 	if *times == 0 {
 		return nil
@@ -192,6 +230,8 @@ func freeAgain(ctx context.Context, times *int, limit time.Duration) error {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return nil
+	case <-wake:
 		return nil
 	case <-ctx.Done():
 		return context.Cause(ctx)

@@ -153,7 +153,8 @@ func selectOne(pool *pgxpool.Pool, goroutines int) benchOp {
 // a pg_try_advisory_lock + pg_advisory_unlock pair (two round trips on one session,
 // nothing durable) and two durable single-row UPDATEs of a plain table: the least a
 // lock that survives a crash can cost, a WAL flush for the acquire and one for the
-// release. Target: vs-update2 <= 1.15.
+// release; and the raw SQL of the tutorial pglock started from (seed). Target:
+// vs-seed <= 1.15.
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, goroutines := range []int{1, 16} {
 		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
@@ -190,7 +191,80 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				}
 				return nil
 			}}
-			ops := []benchOp{acquireRelease(c, goroutines), selectOne(pool, goroutines), advisory, update2}
+			ops := []benchOp{acquireRelease(c, goroutines), selectOne(pool, goroutines), advisory, update2, seedSQL(b, pool, goroutines)}
+			warmUp(b, ops...)
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}
+
+// seedSQL is the raw SQL of the tutorial this library started from, on a table and a
+// sequence like pglock's own: its INSERT ... ON CONFLICT DO UPDATE acquisition and its
+// UPDATE release, sent as plain statements, each goroutine on its own key. It is what
+// acquire+release would cost without pglock's functions, checks and client.
+func seedSQL(b *testing.B, pool *pgxpool.Pool, goroutines int) benchOp {
+	_, err := pool.Exec(b.Context(), `
+		CREATE TABLE seed_locks (
+			key text PRIMARY KEY, owner text, fencing_token bigint NOT NULL,
+			expires_at timestamptz NOT NULL) WITH (fillfactor = 50);
+		CREATE SEQUENCE seed_locks_token_seq`)
+	require.NoError(b, err)
+	return benchOp{name: "seed", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+		key, owner := "seed:"+strconv.Itoa(g), "seed-owner/"+strconv.Itoa(g)
+		var token int64
+		err := pool.QueryRow(ctx, `
+			INSERT INTO seed_locks (key, owner, fencing_token, expires_at)
+			VALUES ($1, $2, nextval('seed_locks_token_seq'), clock_timestamp() + $3 * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET
+				owner = EXCLUDED.owner,
+				fencing_token = greatest(nextval('seed_locks_token_seq'), seed_locks.fencing_token + 1),
+				expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+			WHERE seed_locks.owner IS NULL OR seed_locks.expires_at <= clock_timestamp()
+			RETURNING fencing_token`, key, owner, int64(60000)).Scan(&token)
+		if err != nil {
+			return fmt.Errorf("seed acquire: %w", err)
+		}
+		tag, err := pool.Exec(ctx, `UPDATE seed_locks SET owner = NULL
+			WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()`, key, owner)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("seed release of %s: %d rows", key, tag.RowsAffected())
+		}
+		return nil
+	}}
+}
+
+// BenchmarkReleaseFlush times lock_acquire + lock_release_async, the release pglock's
+// store makes (it commits without waiting for its WAL flush, migration 000009), against
+// lock_acquire + lock_release, which waits for it, interleaved in one run, each
+// goroutine on its own key.
+func BenchmarkReleaseFlush(b *testing.B) {
+	for _, goroutines := range []int{1, 16} {
+		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
+			pool := pglocktest.Postgres(b)
+			cycle := func(name, release string) benchOp {
+				return benchOp{name: name, goroutines: goroutines, run: func(ctx context.Context, g int) error {
+					key, owner := "flush:"+name+":"+strconv.Itoa(g), "flush-owner/"+strconv.Itoa(g)
+					var token *int64
+					if err := pool.QueryRow(ctx, "SELECT pglock.lock_acquire($1, $2, 60000)", key, owner).Scan(&token); err != nil {
+						return err
+					}
+					if token == nil {
+						return fmt.Errorf("%s: not acquired", key)
+					}
+					var ok bool
+					if err := pool.QueryRow(ctx, "SELECT pglock."+release+"($1, $2)", key, owner).Scan(&ok); err != nil {
+						return err
+					}
+					if !ok {
+						return fmt.Errorf("%s: not released", key)
+					}
+					return nil
+				}}
+			}
+			ops := []benchOp{cycle("async", "lock_release_async"), cycle("durable", "lock_release")}
 			warmUp(b, ops...)
 			reportVs(b, ops, interleave(b, ops...))
 		})
@@ -673,4 +747,86 @@ func BenchmarkStoreExecMode(b *testing.B) {
 			reportVs(b, ops, interleave(b, ops...))
 		})
 	}
+}
+
+// BenchmarkLocks10000 times Client.Locks listing 10,000 held locks under one prefix
+// (ns/op: one call, all rows read into LockInfo) against a plain SELECT of the same rows
+// and columns by the same prefix, read into Go the same way but neither sorted nor
+// computed (vs-select: what lock_list's clock, sort and SECURITY DEFINER call cost), and
+// against SELECT count(*) of them (vs-count: the scan alone).
+func BenchmarkLocks10000(b *testing.B) {
+	pool := pglocktest.Postgres(b)
+	c := newClient(b, pglock.NewPostgresStore(pool), quiet)
+	const n = 10_000
+	seedLocks(b, pool, n)
+	locks := benchOp{name: "locks", goroutines: 1, run: func(ctx context.Context, _ int) error {
+		l, err := c.Locks(ctx, "renew:")
+		if err == nil && len(l) != n {
+			err = fmt.Errorf("%d locks, want %d", len(l), n)
+		}
+		return err
+	}}
+	selectRows := benchOp{name: "select", goroutines: 1, run: func(ctx context.Context, _ int) error {
+		rows, _ := pool.Query(ctx, `SELECT key, owner, fencing_token, expires_at, wanted_at IS NOT NULL
+			FROM pglock.locks WHERE starts_with(key, $1)`, "renew:")
+		var got []pglock.LockInfo
+		var l pglock.LockInfo
+		var owner *string
+		_, err := pgx.ForEachRow(rows, []any{&l.Key, &owner, &l.Token, &l.ExpiresAt, &l.Waiting}, func() error {
+			if owner != nil {
+				l.Owner = *owner
+			}
+			got = append(got, l)
+			return nil
+		})
+		if err == nil && len(got) != n {
+			err = fmt.Errorf("%d rows, want %d", len(got), n)
+		}
+		return err
+	}}
+	count := benchOp{name: "count", goroutines: 1, run: func(ctx context.Context, _ int) error {
+		var got int
+		return pool.QueryRow(ctx, `SELECT count(*) FROM pglock.locks WHERE starts_with(key, $1)`, "renew:").Scan(&got)
+	}}
+	ops := []benchOp{locks, selectRows, count}
+	warmUp(b, ops...)
+	reportVs(b, ops, interleave(b, ops...))
+}
+
+// BenchmarkJobRunHistory times a run of a WithoutOverlapping job (its run lock taken
+// and released around an empty fn: two statements) on a client that records its runs
+// (the default RunHistory) against the same run on a client with RunHistory(0)
+// (vs-off), in alternating turns. The recording client writes one statement per run in
+// the background; the time its Close then takes to write what is still pending is
+// added to its side, so ns/op and vs-off count the writes as well as the run.
+// tick-ns/op is what the run alone cost its caller; recorded is the share of runs
+// found in pglock.job_runs afterwards (1: none dropped).
+func BenchmarkJobRunHistory(b *testing.B) {
+	ctx := b.Context()
+	pool := pglocktest.Postgres(b)
+	on, err := pglock.New(pool, quiet, pglock.TTL(time.Minute))
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, on.Close(context.Background())) })
+	off := newClient(b, pglock.NewPostgresStore(pool), quiet, pglock.TTL(time.Minute), pglock.RunHistory(0))
+	noop := func(context.Context) error { return nil }
+	jobOn, err := on.Job("bench:history:on", noop, pglock.WithoutOverlapping())
+	require.NoError(b, err)
+	jobOff, err := off.Job("bench:history:off", noop, pglock.WithoutOverlapping())
+	require.NoError(b, err)
+	ops := []benchOp{
+		{name: "history", goroutines: 1, run: func(ctx context.Context, _ int) error { return jobOn.Run(ctx) }},
+		{name: "off", goroutines: 1, run: func(ctx context.Context, _ int) error { return jobOff.Run(ctx) }},
+	}
+	warmUp(b, ops...)
+	total := interleave(b, ops...)
+	tick := total[0]
+	start := time.Now()
+	require.NoError(b, on.Close(ctx))
+	total[0] += time.Since(start)
+	b.StopTimer()
+	reportVs(b, ops, total)
+	b.ReportMetric(float64(tick.Nanoseconds())/float64(b.N), "tick-ns/op")
+	var n int
+	require.NoError(b, pool.QueryRow(ctx, "SELECT count(*) FROM pglock.job_runs WHERE job = 'bench:history:on'").Scan(&n))
+	b.ReportMetric(float64(n)/float64(b.N+1), "recorded")
 }

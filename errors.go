@@ -12,6 +12,9 @@ var (
 	// ErrNotAcquired: the key is held by a live holder (TryAcquire), or stayed held
 	// for the whole wait (Acquire, WithLock).
 	ErrNotAcquired = errors.New("pglock: lock not acquired")
+	// ErrNotHeld: Client.ForceRelease found no live holder of the key: free, released
+	// or expired.
+	ErrNotHeld = errors.New("pglock: not held")
 	// ErrLockLost: a lock was lost before it was released. A *LockLostError matches it.
 	ErrLockLost = errors.New("pglock: lock lost")
 	// ErrClosed: the Client was closed.

@@ -55,11 +55,11 @@ type Event struct {
 	Time     time.Time // on the client's clock
 }
 
-// events delivers events to the handler on one goroutine, so that whoever emits
-// (the renewer above all) never waits for the handler.
+// events delivers events to the handlers, in order, on one goroutine, so that whoever
+// emits (the renewer above all) never waits for a handler.
 type events struct {
-	handler func(Event)
-	logger  *slog.Logger
+	handlers []func(Event)
+	logger   *slog.Logger
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -68,10 +68,10 @@ type events struct {
 	done   chan struct{}
 }
 
-func newEvents(handler func(Event), logger *slog.Logger) *events {
-	e := &events{handler: handler, logger: logger, done: make(chan struct{})}
+func newEvents(handlers []func(Event), logger *slog.Logger) *events {
+	e := &events{handlers: handlers, logger: logger, done: make(chan struct{})}
 	e.cond = sync.NewCond(&e.mu)
-	if handler == nil {
+	if len(handlers) == 0 {
 		close(e.done)
 		return e
 	}
@@ -80,7 +80,7 @@ func newEvents(handler func(Event), logger *slog.Logger) *events {
 }
 
 func (e *events) emit(ev Event) {
-	if e.handler == nil {
+	if len(e.handlers) == 0 {
 		return
 	}
 	e.mu.Lock()
@@ -103,7 +103,9 @@ func (e *events) run() {
 		closed := e.closed
 		e.mu.Unlock()
 		for _, ev := range batch {
-			e.deliver(ev)
+			for _, h := range e.handlers {
+				e.deliver(h, ev)
+			}
 		}
 		if closed && len(batch) == 0 {
 			return
@@ -111,13 +113,14 @@ func (e *events) run() {
 	}
 }
 
-func (e *events) deliver(ev Event) {
+// deliver calls h with ev; a panic in h is logged, and the next handler still gets ev.
+func (e *events) deliver(h func(Event), ev Event) {
 	defer func() {
 		if r := recover(); r != nil {
 			e.logger.Error("pglock: event handler panicked", slog.String("key", ev.Key), slog.Any("err", r))
 		}
 	}()
-	e.handler(ev)
+	h(ev)
 }
 
 // close delivers what is queued and stops, waiting for the handler until ctx ends

@@ -287,7 +287,7 @@ func (f fenceFailExecer) Exec(context.Context, string, ...any) (pgconn.CommandTa
 // fenceTestDB returns a pool on a new database with a random name, which the test's
 // cleanup drops, holding the pglock schema (Migrate) and the scratch tables the cases
 // write to. (pglocktest.Postgres imports this package, so its tests cannot use it.) Without a server it skips the test, or fails it when CI is set.
-func fenceTestDB(t *testing.T) *pgxpool.Pool {
+func fenceTestDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

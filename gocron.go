@@ -79,8 +79,10 @@ func (e *gocronElector) IsLeader(ctx context.Context) error {
 // on the other instances, Lock returns an error matching ErrNotAcquired and gocron
 // skips the run (logged at debug, emitted as an EventJobSkipped). Unlock keeps the
 // lease: it needs no store call, so it works with the cancelled ctx gocron passes at
-// its shutdown; it emits an EventJobRan and returns a *LockLostError when the lease
-// was lost during the run, else nil.
+// its shutdown; it emits an EventJobRan, records the run in the run history (see
+// RunHistory: OutcomeOK, or OutcomeLost, since gocron does not tell a locker how its
+// task ended) and returns a *LockLostError when the lease was lost during the run,
+// else nil.
 //
 // Each job name is checked and registered as a Job's key at its first Lock (an error
 // matching ErrInvalidKey or ErrInvalidArgument then). At Close, runs between Lock and
@@ -130,7 +132,7 @@ func (k *gocronLocker) Lock(ctx context.Context, name string) (gocron.Lock, erro
 		return nil, err
 	}
 	s.ran()
-	return &gocronLock{k: k, job: name, l: l}, nil
+	return &gocronLock{k: k, job: name, l: l, start: time.Now()}, nil
 }
 
 // lease returns the lease of job name, registering it at its first use.
@@ -152,17 +154,24 @@ func (k *gocronLocker) lease(name string) (*lease, error) {
 }
 
 type gocronLock struct {
-	k    *gocronLocker
-	job  string
-	l    *Lock
-	once sync.Once
+	k     *gocronLocker
+	job   string
+	l     *Lock
+	start time.Time // when Lock returned, real clock
+	once  sync.Once
 }
 
+// Unlock reports the run as OutcomeOK, or OutcomeLost when the lease was lost during
+// it: gocron does not tell a locker how its task ended.
 func (g *gocronLock) Unlock(context.Context) error {
 	var err error
 	g.once.Do(func() {
 		err = lostCause(g.l.Context())
-		g.k.c.emit(EventJobRan, g.job, g.l, "", nil)
+		outcome, text := OutcomeOK, ""
+		if err != nil {
+			outcome, text = OutcomeLost, err.Error()
+		}
+		g.k.c.jobRan(g.job, g.l, g.start, outcome, text)
 		g.k.runs.end()
 	})
 	return err

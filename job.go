@@ -81,9 +81,11 @@ func (j *Job) Key() string { return j.key }
 
 // Run runs one tick of the job through its locks: what gocron calls through Task, and
 // what a test or an admin path calls directly. A skipped tick (another instance owns
-// the job, or a run is in progress) returns nil; it is logged at debug and emitted as
-// an EventJobSkipped, and a run as an EventJobRan. ctx bounds the store calls and is
-// the parent of fn's ctx.
+// the job, or a run is in progress) returns nil; it is logged at debug, emitted as an
+// EventJobSkipped and counted in the run history, and a run is emitted as an
+// EventJobRan (its Duration and Outcome set) and recorded in the run history (see
+// RunHistory), a panicking fn's too (OutcomePanicked) before the panic goes on up.
+// ctx bounds the store calls and is the parent of fn's ctx.
 //
 // It returns fn's error; a *LockLostError (ErrLockLost) when fn returned nil but a
 // lock was lost during the run; ErrClosed once the client's Close has begun (no new run
@@ -128,16 +130,37 @@ func (j *Job) Run(ctx context.Context) error {
 	return err
 }
 
-// run calls fn under l: the run lock, or the lease without WithoutOverlapping.
-func (j *Job) run(ctx context.Context, l *Lock) error {
+// run calls fn under l: the run lock, or the lease without WithoutOverlapping, and
+// reports the run (EventJobRan, the run history), a panic included before it goes on.
+func (j *Job) run(ctx context.Context, l *Lock) (err error) {
 	if j.lease != nil {
 		j.lease.ran()
 	}
-	err := j.fn(ctx)
-	if err == nil {
-		err = lostCause(ctx)
+	start := time.Now()
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if r := recover(); r != nil {
+			j.c.jobRan(j.key, l, start, OutcomePanicked, fmt.Sprint(r))
+			panic(r)
+		}
+	}()
+	err = j.fn(ctx)
+	returned = true
+	// A lost lock is the outcome even when fn returned an error: most likely the
+	// cancellation of its ctx, which the loss caused.
+	outcome, text := OutcomeOK, ""
+	if lost := lostCause(ctx); lost != nil {
+		outcome, text = OutcomeLost, lost.Error()
+		if err == nil {
+			err = lost
+		}
+	} else if err != nil {
+		outcome, text = OutcomeError, err.Error()
 	}
-	j.c.emit(EventJobRan, j.key, l, "", nil)
+	j.c.jobRan(j.key, l, start, outcome, text)
 	return err
 }
 
@@ -172,4 +195,5 @@ var skippedMessages = map[Reason]string{
 func (c *Client) skipped(job string, reason Reason) {
 	c.logger.Debug(skippedMessages[reason], slog.String("key", job), slog.String("reason", string(reason)))
 	c.emit(EventJobSkipped, job, nil, reason, nil)
+	c.history.skip(job, reason)
 }

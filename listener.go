@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,21 +33,36 @@ const (
 // mark is never set without a listener to hear it. Notifications missed while the
 // connection was down are made up for by waking every waiter when it is back: each
 // tries again, and marks the key again.
+//
+// A release wakes one waiter of its key per client, the one that has waited longest
+// here, not all of them: each client with waiters makes one attempt per handover, and
+// the rest of its waiters stay parked, so the attempts grow with the clients, not
+// with the waiters. The woken waiter tries, and, if it lost, marks the key again for
+// every client (one mark serves all), then parks at the head of the queue. When it
+// leaves the queue (it won, or its ctx ended), the next waiter is woken: it tries once
+// and marks the key, so that the next release notifies even when every waiter was in
+// this client. Waiters of one client are thus served in order; across clients, the
+// first attempt to land wins.
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
 	marker wantMarker
 	logger *slog.Logger
 
+	// everyWaiter makes every waiter of a key try at its release, as pglock did before
+	// it kept a queue per client: no queue (join, behind), every waiter woken. The crowd
+	// benchmark's baseline, set by tests only.
+	everyWaiter bool
+
 	mu      sync.Mutex
-	waiters map[string]map[*waiter]struct{}
-	up      bool // LISTEN is active
+	waiters map[string][]*waiter // by key, in the order they subscribed
+	up      bool                 // LISTEN is active
 	closed  bool
 	cancel  context.CancelFunc // set when the connection's goroutine starts
 	done    chan struct{}      // closed when it ends
 }
 
 func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger) *listener {
-	l := &listener{logger: logger, waiters: make(map[string]map[*waiter]struct{}), done: make(chan struct{})}
+	l := &listener{logger: logger, waiters: make(map[string][]*waiter), done: make(chan struct{})}
 	if marker, ok := store.(wantMarker); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
@@ -64,6 +80,9 @@ type waiter struct {
 	// voids a mark whose round trip was under way when it came.
 	wakes    atomic.Uint64
 	markedAt atomic.Uint64
+	// baton is set when the waiter was woken because the one before it left the queue,
+	// not by a release: it marks the key before it tries (see takeBaton).
+	baton atomic.Bool
 }
 
 func (l *listener) waiter(key string) *waiter { return &waiter{l: l, key: key} }
@@ -89,11 +108,45 @@ func (w *waiter) want(ctx context.Context) bool {
 	return wanted || err != nil // on an error, polling carries on
 }
 
+// join subscribes the waiter behind its client's other waiters of the key, when there
+// are any and the listener listens, and reports whether it did: the waiter then waits
+// its turn (marking the key) before its first attempt, rather than try alongside the
+// head of the queue, whom the next release wakes.
+func (w *waiter) join() bool {
+	l := w.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.up || l.closed || l.everyWaiter || len(l.waiters[w.key]) == 0 {
+		return false
+	}
+	w.ch = make(chan struct{}, 1)
+	l.waiters[w.key] = append(l.waiters[w.key], w)
+	return true
+}
+
+// behind reports whether the listener listens and the waiter is queued behind another
+// waiter of its client: it then leaves the attempts to the head of the queue, whom a
+// release wakes, and waits for its turn.
+func (w *waiter) behind() bool {
+	l := w.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	queue := l.waiters[w.key]
+	return l.up && !l.closed && !l.everyWaiter && len(queue) > 1 && queue[0] != w && slices.Contains(queue, w)
+}
+
+// takeBaton reports, once, whether the waiter was last woken because the waiter before
+// it left the queue: it then only needs to mark the key (want), and to try only if the
+// key turns out free.
+func (w *waiter) takeBaton() bool { return w.baton.Swap(false) }
+
 // woken returns the channel a release of the key is signalled on: nil, which never
 // fires, before the first want.
 func (w *waiter) woken() <-chan struct{} { return w.ch }
 
-// stop unsubscribes the waiter.
+// stop unsubscribes the waiter. A waiter that leaves from the head of its key's queue
+// (it won, or its ctx ended) wakes the next one: that one tries and marks the key, so
+// that no release goes unnotified while waiters remain.
 func (w *waiter) stop() {
 	if w.ch == nil {
 		return
@@ -101,9 +154,20 @@ func (w *waiter) stop() {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.waiters[w.key], w)
-	if len(l.waiters[w.key]) == 0 {
+	queue := l.waiters[w.key]
+	i := slices.Index(queue, w)
+	if i < 0 {
+		return
+	}
+	queue = slices.Delete(queue, i, i+1)
+	if len(queue) == 0 {
 		delete(l.waiters, w.key)
+		return
+	}
+	l.waiters[w.key] = queue
+	if i == 0 && !l.everyWaiter {
+		queue[0].baton.Store(true)
+		wake(queue[0])
 	}
 }
 
@@ -117,10 +181,7 @@ func (l *listener) subscribe(w *waiter) {
 		w.ch <- struct{}{} // the waiter's next attempt meets ErrClosed
 		return
 	}
-	if l.waiters[key] == nil {
-		l.waiters[key] = make(map[*waiter]struct{})
-	}
-	l.waiters[key][w] = struct{}{}
+	l.waiters[key] = append(l.waiters[key], w)
 	if l.config != nil && l.cancel == nil {
 		var ctx context.Context
 		ctx, l.cancel = context.WithCancel(context.Background())
@@ -136,19 +197,35 @@ func (l *listener) listening() bool {
 
 // wakeAll signals every waiter. Called with mu held.
 func (l *listener) wakeAll() {
-	for _, set := range l.waiters {
-		signal(set)
+	for _, queue := range l.waiters {
+		for _, w := range queue {
+			wake(w)
+		}
 	}
 }
 
-// signal wakes each waiter of set that is not woken yet, and has it mark the key again.
-func signal(set map[*waiter]struct{}) {
-	for w := range set {
-		w.wakes.Add(1)
-		select {
-		case w.ch <- struct{}{}:
-		default:
-		}
+// released wakes the waiters of a key whose release was notified: the first in line,
+// or every one with everyWaiter. Called with mu held.
+func (l *listener) released(key string) {
+	queue := l.waiters[key]
+	if len(queue) == 0 {
+		return
+	}
+	if !l.everyWaiter {
+		queue = queue[:1]
+	}
+	for _, w := range queue {
+		w.baton.Store(false) // a release: try at once
+		wake(w)
+	}
+}
+
+// wake signals w, unless it is woken already, and has it mark the key again.
+func wake(w *waiter) {
+	w.wakes.Add(1)
+	select {
+	case w.ch <- struct{}{}:
+	default:
 	}
 }
 
@@ -232,7 +309,7 @@ func (l *listener) receive(ctx context.Context, conn *pgx.Conn) error {
 		}
 		if n != nil {
 			l.mu.Lock()
-			signal(l.waiters[n.Payload])
+			l.released(n.Payload)
 			l.mu.Unlock()
 		}
 	}

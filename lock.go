@@ -53,6 +53,12 @@ func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.en
 // releases. It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
 // before, ErrClosed when Close left it to expire, or the store's error (the lock then
 // expires after its ttl).
+//
+// On PostgreSQL a release does not wait for its commit to reach the disk (migration
+// 000009): a crash right after it can bring the lock back, held by this owner and
+// token, until the expiry it had. Nobody else holds the key meanwhile and the next
+// holder's token is still greater; the next holder just waits for that expiry. So write
+// nothing fenced with a lock's token after its Release.
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.ending != nil {

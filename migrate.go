@@ -30,6 +30,14 @@ func Migrations() fs.FS {
 	return sub
 }
 
+//go:embed sql/pglock.sql
+var sqlScript string
+
+// SQL returns sql/pglock.sql: the schema pglock needs as one idempotent script, the up
+// migrations of Migrations in order, for tools that apply SQL files (psql -f, a DBA's
+// review). Migrate applies the same schema with golang-migrate.
+func SQL() string { return sqlScript }
+
 // migrationsTable keeps golang-migrate's bookkeeping in pglock's own schema, so it never
 // collides with the application's golang-migrate table.
 const migrationsTable = `"pglock"."schema_migrations"`

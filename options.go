@@ -68,12 +68,13 @@ type settings struct {
 	logger             *slog.Logger
 	clock              Clock
 	instance           string
-	onEvent            func(Event)
+	onEvent            []func(Event)   // WithEventHandler's, in order
 	listen             *pgx.ConnConfig // the listener's connection (New); nil: waiting polls
 	listenOverride     *pgx.ConnConfig // WithListenerConnString's, over listen
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
+	runRetention       time.Duration // RunHistory's; 0: off
 }
 
 // applyOptions applies opts, given to call (one use), over s.
@@ -154,8 +155,10 @@ func WithInstanceName(name string) Option {
 	}}
 }
 
-// WithEventHandler sets a function called with every Event, in order, on one goroutine
+// WithEventHandler adds a function called with every Event, in order, on one goroutine
 // of the client's own: a slow handler delays later events, never renewals or callers.
+// Given more than once, it adds each handler: every one gets every event, in the order
+// the options were given (a metrics handler beside a log or a test's own, for one).
 // Events queue without bound while the handler is slow. Close waits for the queue to
 // drain (bounded by its ctx); an event that comes after Close has returned (a leader
 // that Close gave up waiting for steps down later) is dropped. A panic in the handler
@@ -165,7 +168,7 @@ func WithEventHandler(h func(Event)) Option {
 		if h == nil {
 			return errors.New("nil handler")
 		}
-		s.onEvent = h
+		s.onEvent = append(s.onEvent, h)
 		return nil
 	}}
 }

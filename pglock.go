@@ -29,6 +29,8 @@ type Client struct {
 	renewer  *renewer.Renewer
 	events   *events
 	listener *listener // wakes waiters when their key is released
+	history  *history  // writes job runs and skips; nil when RunHistory is off or the store keeps none
+	health   health    // what Health reports
 
 	mu       sync.Mutex
 	closed   bool
@@ -70,7 +72,7 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 }
 
 func newClient(store Store, callName string, opts []Option) (*Client, error) {
-	cfg := settings{ttl: DefaultTTL}
+	cfg := settings{ttl: DefaultTTL, runRetention: defaultRunRetention}
 	if err := applyOptions(&cfg, useClient, callName, opts); err != nil {
 		return nil, err
 	}
@@ -102,6 +104,7 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		cfg.listen = nil
 	}
 	c.listener = newListener(cfg.listen, store, cfg.logger)
+	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.onClose(c.listener.close)
 	c.renewer = renewer.New(renewer.Config{
 		Store: store,
@@ -109,7 +112,8 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return cfg.clock.AfterFunc(d, f).Stop
 		},
-		Logger: cfg.logger,
+		Logger:  cfg.logger,
+		Observe: c.observeRenewal,
 	})
 	return c, nil
 }
@@ -190,6 +194,7 @@ func (c *Client) emit(t EventType, key string, l *Lock, reason Reason, err error
 	if l != nil {
 		ev.Owner, ev.Token = l.entry.Owner, l.token
 	}
+	c.health.count(t)
 	c.events.emit(ev)
 }
 
@@ -286,7 +291,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.waitHandBacks(ctx), c.renewer.Close(ctx), c.events.close(ctx))
+	errs = append(errs, c.waitHandBacks(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}

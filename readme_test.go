@@ -33,18 +33,19 @@ const readmeEnv = `ctx context.Context, databaseURL string, pool *pgxpool.Pool, 
 
 // readmeImports are the packages a block that is not a whole file may use, by name.
 var readmeImports = map[string]string{
-	"context":    "context",
-	"errors":     "errors",
-	"fmt":        "fmt",
-	"gocron":     "github.com/go-co-op/gocron/v2",
-	"log":        "log",
-	"os":         "os",
-	"pglock":     "github.com/pgfence/pglock",
-	"pglocktest": "github.com/pgfence/pglock/pglocktest",
-	"pgx":        "github.com/jackc/pgx/v5",
-	"pgxpool":    "github.com/jackc/pgx/v5/pgxpool",
-	"slog":       "log/slog",
-	"time":       "time",
+	"context":       "context",
+	"errors":        "errors",
+	"fmt":           "fmt",
+	"gocron":        "github.com/go-co-op/gocron/v2",
+	"log":           "log",
+	"os":            "os",
+	"pglock":        "github.com/pgfence/pglock",
+	"pglockmetrics": "github.com/pgfence/pglock/metrics",
+	"pglocktest":    "github.com/pgfence/pglock/pglocktest",
+	"pgx":           "github.com/jackc/pgx/v5",
+	"pgxpool":       "github.com/jackc/pgx/v5/pgxpool",
+	"slog":          "log/slog",
+	"time":          "time",
 }
 
 // TestReadmeGoBlocksCompile builds and vets every ```go block of README.md, each as a

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,6 +169,29 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 		require.Zero(t, written, "expired: FenceHeld writes nothing")
 	})
 
+	t.Run("run history", func(t *testing.T) {
+		c := newPoolClient(t, app, pglock.WithInstanceName("role-app"))
+		job, err := c.Job("role:history", func(context.Context) error { return nil }, pglock.OnOneInstance())
+		require.NoError(t, err)
+		require.NoError(t, job.Run(ctx))
+		other := newPoolClient(t, app)
+		skipped, err := other.Job("role:history", func(context.Context) error { return nil }, pglock.OnOneInstance())
+		require.NoError(t, err)
+		require.NoError(t, skipped.Run(ctx))
+		require.NoError(t, other.Close(ctx))
+		require.NoError(t, c.Close(ctx))
+		runs, err := c.JobRuns(ctx, "role:history", 10)
+		require.NoError(t, err)
+		require.Len(t, runs, 1)
+		require.Equal(t, "role-app", runs[0].Instance)
+		jobs, err := c.Jobs(ctx)
+		require.NoError(t, err)
+		i := slices.IndexFunc(jobs, func(s pglock.JobStatus) bool { return s.Job == "role:history" })
+		require.GreaterOrEqual(t, i, 0)
+		require.Equal(t, pglock.OutcomeOK, jobs[i].LastRun.Outcome)
+		require.Len(t, jobs[i].Skips, 1)
+	})
+
 	t.Run("Prune", func(t *testing.T) {
 		store := pglock.NewPostgresStore(app)
 		_, ok, err := store.Acquire(ctx, "role:prune", "o", time.Minute)
@@ -179,6 +204,19 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 		deleted, err := c.Prune(ctx, 0)
 		require.NoError(t, err)
 		require.Positive(t, deleted)
+	})
+
+	t.Run("Locks and ForceRelease", func(t *testing.T) {
+		c := newPoolClient(t, app)
+		l, err := c.TryAcquire(ctx, "role:inspect")
+		require.NoError(t, err)
+		locks, err := c.Locks(ctx, "role:inspect")
+		require.NoError(t, err)
+		require.Len(t, locks, 1)
+		require.Equal(t, l.Owner(), locks[0].Owner)
+		broken, err := c.ForceRelease(ctx, "role:inspect")
+		require.NoError(t, err)
+		require.Equal(t, l.Token(), broken.Token)
 	})
 }
 
@@ -198,6 +236,10 @@ func TestRoleWithReadmeGrantsCannotWriteTheLocksOrTheSequence(t *testing.T) {
 		"SELECT * FROM pglock.locks",
 		"ALTER SEQUENCE pglock.fencing_token_seq RESTART",
 		"SELECT * FROM pglock.schema_migrations",
+		"SELECT * FROM pglock.job_runs",
+		"INSERT INTO pglock.job_runs (job, instance, owner, fencing_token, started_at, ended_at, outcome) VALUES ('j', 'i', 'o', 1, now(), now(), 'ok')",
+		"DELETE FROM pglock.job_runs",
+		"UPDATE pglock.job_skips SET count = 0",
 	} {
 		_, err := app.Exec(ctx, q)
 		requireSQLState(t, err, "42501") // insufficient_privilege
@@ -232,6 +274,12 @@ func TestRoleWithoutGrantsGetsAnErrorThatSaysWhatToGrant(t *testing.T) {
 			_, err = store.(pglock.HolderReader).Holder(ctx, "role:k")
 			requireSQLState(t, err, "42501")
 			_, err = store.(pglock.BatchRenewer).RenewMany(ctx, []string{"role:k"}, []string{"o"}, time.Minute)
+			requireSQLState(t, err, "42501")
+			c := newClient(t, store, quiet, pglock.WithoutListener())
+			_, err = c.Locks(ctx, "")
+			requireSQLState(t, err, "42501")
+			require.ErrorContains(t, err, "GRANT USAGE ON SCHEMA pglock and EXECUTE ON ALL FUNCTIONS IN SCHEMA pglock")
+			_, err = c.ForceRelease(ctx, "role:k")
 			requireSQLState(t, err, "42501")
 			// What FenceHeld adds to the application's own statement: the server's error.
 			_, err = pool.Exec(ctx, "SELECT pglock.lock_held('role:k', 1)")
@@ -280,4 +328,93 @@ func TestRoleGrantsAreTheReadmes(t *testing.T) {
 	for _, g := range appGrants {
 		require.Contains(t, string(readme), "\n"+fmtRole(g, "app")+";\n")
 	}
+}
+
+// TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned: every function of the schema,
+// whichever migration added it, follows 000006: SECURITY DEFINER, search_path pinned to
+// pg_catalog then pg_temp, no EXECUTE for PUBLIC.
+func TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned(t *testing.T) {
+	t.Parallel()
+	admin := pglocktest.Pool(t, pglocktest.PostgresURL(t), 2)
+	rows, err := admin.Query(t.Context(), `SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proconfig, '{}'),
+			has_function_privilege('public', p.oid, 'EXECUTE')
+		FROM pg_proc p WHERE p.pronamespace = 'pglock'::regnamespace ORDER BY 1`)
+	require.NoError(t, err)
+	n := 0
+	for rows.Next() {
+		var name string
+		var definer, public bool
+		var config []string
+		require.NoError(t, rows.Scan(&name, &definer, &config, &public))
+		require.True(t, definer, "%s runs as its caller", name)
+		require.Equal(t, []string{"search_path=pg_catalog, pg_temp"}, config, name)
+		require.False(t, public, "PUBLIC may execute %s", name)
+		n++
+	}
+	require.NoError(t, rows.Err())
+	require.GreaterOrEqual(t, n, 16, "the schema's functions")
+}
+
+// TestRoleGrantedBeforeAnUpgradeMayCallWhatItAdds: a role granted README's privileges on
+// the schema of 000006 (EXECUTE on every function there was) may execute every function
+// that the later migrations add: each grants its new functions to the roles that may
+// call lock_acquire, so that an upgrade locks no application out.
+func TestRoleGrantedBeforeAnUpgradeMayCallWhatItAdds(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pglocktest.PostgresURL(t)
+	admin := pglocktest.Pool(t, dbURL, 2)
+	later := laterMigrations(t, 6)
+	for i := len(later) - 1; i >= 0; i-- {
+		_, err := admin.Exec(ctx, later[i].down)
+		require.NoError(t, err, later[i].name)
+	}
+	role := newRole(t, dbURL, appGrants...)
+	for _, m := range later {
+		_, err := admin.Exec(ctx, m.up)
+		require.NoError(t, err, m.name)
+	}
+	u, err := url.Parse(role)
+	require.NoError(t, err)
+	rows, err := admin.Query(ctx, `SELECT p.oid::regprocedure::text FROM pg_proc p
+		WHERE p.pronamespace = 'pglock'::regnamespace AND NOT has_function_privilege($1, p.oid, 'EXECUTE')`,
+		u.User.Username())
+	require.NoError(t, err)
+	missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, missing, "functions the role may not execute after the upgrade")
+
+	app := newPoolClient(t, pglocktest.Pool(t, role, 2), pglock.WithoutListener())
+	l, err := app.TryAcquire(ctx, t.Name())
+	require.NoError(t, err)
+	locks, err := app.Locks(ctx, t.Name())
+	require.NoError(t, err)
+	require.Len(t, locks, 1)
+	require.NoError(t, l.Release(ctx))
+}
+
+type migrationFiles struct{ name, up, down string }
+
+// laterMigrations returns the migrations after version after, in order.
+func laterMigrations(t *testing.T, after int) []migrationFiles {
+	t.Helper()
+	ups, err := fs.Glob(pglock.Migrations(), "*.up.sql")
+	require.NoError(t, err)
+	var out []migrationFiles
+	for _, up := range ups {
+		var version int
+		_, err := fmt.Sscanf(up, "%06d_", &version)
+		require.NoError(t, err, up)
+		if version <= after {
+			continue
+		}
+		name := strings.TrimSuffix(up, ".up.sql")
+		upSQL, err := fs.ReadFile(pglock.Migrations(), up)
+		require.NoError(t, err)
+		downSQL, err := fs.ReadFile(pglock.Migrations(), name+".down.sql")
+		require.NoError(t, err)
+		out = append(out, migrationFiles{name: name, up: string(upSQL), down: string(downSQL)})
+	}
+	require.NotEmpty(t, out)
+	return out
 }

@@ -9,7 +9,7 @@ import (
 // NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
 // clock (nil means the real clock). It excludes callers in one process only: instances
 // of an application must share a PostgreSQL store instead. It implements HolderReader,
-// and Client.Prune works on it.
+// and Client.Prune, Client.Locks and Client.ForceRelease work on it.
 // It is safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
@@ -19,10 +19,11 @@ func NewMemoryStore(clock Clock) Store {
 }
 
 type memoryStore struct {
-	clock Clock
-	mu    sync.Mutex
-	seq   int64                  // the last token drawn; never below a pruned lock's token
-	locks map[string]*memoryLock // kept after release, like the table's rows, until pruned
+	clock   Clock
+	mu      sync.Mutex
+	seq     int64                  // the last token drawn; never below a pruned lock's token
+	locks   map[string]*memoryLock // kept after release, like the table's rows, until pruned
+	history memoryHistory          // job runs and skips (history.go)
 }
 
 type memoryLock struct {

@@ -24,17 +24,17 @@ type Queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx.
-// It implements BatchRenewer and HolderReader, and Client.Prune works on it. Every
-// call is one statement calling one of the schema's functions. It works behind
-// PgBouncer in transaction mode whatever the pool's DefaultQueryExecMode: the default
-// mode's named prepared statements belong to one server connection, which PgBouncer
-// hands to another client at the end of each transaction, so at the first statement
-// that meets a missing or duplicate prepared statement, the store sends it again and
-// from then on runs every statement with pgx.QueryExecModeExec (nothing kept on a
-// connection). Straight to PostgreSQL, it keeps the pool's mode and its cost. On a
-// database without the schema, or with one older
-// than this library, every call fails with an error that says to run Migrate and
+// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx. It
+// implements BatchRenewer and HolderReader, and Client.Prune, Client.Locks and
+// Client.ForceRelease work on it. Every call is one statement calling one of the
+// schema's functions. It works behind PgBouncer in transaction mode whatever the pool's
+// DefaultQueryExecMode: the default mode's named prepared statements belong to one
+// server connection, which PgBouncer hands to another client at the end of each
+// transaction, so at the first statement that meets a missing or duplicate prepared
+// statement, the store sends it again and from then on runs every statement with
+// pgx.QueryExecModeExec (nothing kept on a connection). Straight to PostgreSQL, it
+// keeps the pool's mode and its cost. On a database without the schema, or with one
+// older than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store.
 func NewPostgresStore(db Queryer) Store {
@@ -42,7 +42,7 @@ func NewPostgresStore(db Queryer) Store {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
 	calls := &pgxCalls{db: db}
-	return &postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, array: func(s []string) any { return s }}
+	return &postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }}
 }
 
 // pgxCalls runs the pgx store's statements in the pool's own query mode (by default
@@ -124,10 +124,11 @@ func withExecMode(args []any) []any {
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
 // users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer
-// and HolderReader, and Client.Prune works on it. On a database without the schema,
-// or with one older than this library, every call fails with an error that says to
-// run Migrate and wraps the driver's. With a nil db, every call fails with an error
-// wrapping ErrInvalidArgument, and NewWithStore refuses the store.
+// and HolderReader, and Client.Prune, Client.Locks and Client.ForceRelease work on it.
+// On a database without the schema, or with one older than this library, every call
+// fails with an error that says to run Migrate and wraps the driver's. With a nil db,
+// every call fails with an error wrapping ErrInvalidArgument, and NewWithStore refuses
+// the store.
 func NewSQLStore(db *sql.DB) Store {
 	if db == nil {
 		return invalidStore(invalidArg("NewSQLStore: nil db"))
@@ -150,6 +151,9 @@ func NewSQLStore(db *sql.DB) Store {
 			}
 			return keys, rows.Err()
 		},
+		queryRows: func(ctx context.Context, q string, args []any, row func(scanner) error) error {
+			return sqlRows(ctx, db, q, args, row)
+		},
 		array: arrayLiteral, // database/sql drivers differ on []string; a literal works with all
 	}
 }
@@ -161,6 +165,7 @@ type scanner interface{ Scan(dest ...any) error }
 type postgresStore struct {
 	queryRow  func(ctx context.Context, q string, args ...any) scanner
 	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
+	queryRows func(ctx context.Context, q string, args []any, row func(scanner) error) error // row is called for each row
 	array     func([]string) any
 	invalid   error // the constructor's argument was unusable: every call fails with it
 }
@@ -170,6 +175,7 @@ func invalidStore(err error) *postgresStore {
 	return &postgresStore{
 		queryRow:  func(context.Context, string, ...any) scanner { return errScanner{err} },
 		queryKeys: func(context.Context, string, ...any) ([]string, error) { return nil, err },
+		queryRows: func(context.Context, string, []any, func(scanner) error) error { return err },
 		array:     func(s []string) any { return s },
 		invalid:   err,
 	}
@@ -206,7 +212,7 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 		return false, err
 	}
 	var ok bool
-	if err := s.queryRow(ctx, `SELECT pglock.lock_release($1, $2)`, key, owner).Scan(&ok); err != nil {
+	if err := s.queryRow(ctx, `SELECT pglock.lock_release_async($1, $2)`, key, owner).Scan(&ok); err != nil {
 		return false, storeError(err, "release %q", key)
 	}
 	return ok, nil

@@ -467,3 +467,322 @@ END $$;
 REVOKE ALL ON TABLE pglock.locks FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pglock.fencing_token_seq FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA pglock FROM PUBLIC;
+
+-- migrations/000007_inspect.up.sql
+-- Reading the locks and breaking one by hand (Client.Locks, Client.ForceRelease), as
+-- functions like every other: an operator's role needs EXECUTE on them, never SELECT
+-- or UPDATE on pglock.locks. SECURITY DEFINER with search_path pinned, as 000006 sets
+-- for the others: every pglock object is qualified, every other name is pg_catalog's.
+
+-- lock_list returns the locks whose key starts with prefix ('' = all), held or not
+-- (rows stay after their release until lock_prune deletes them), in no particular
+-- order (Client.Locks sorts them: the sort costs the database more CPU than the client).
+-- One statement, one clock_timestamp() for every row, returned as read_at: held says
+-- whether a live holder had the key at read_at, on the database clock, and
+-- expires_at - read_at is how long its lease had left; wanted whether a waiter marked
+-- the held key (a mark on a key nobody holds is stale and not reported).
+-- starts_with treats % and _ as the characters they are. It reads only and takes no
+-- row lock: it waits for nothing. Each call reads every row of the table (the key's
+-- index is in the database's collation, which a prefix cannot use in general).
+CREATE OR REPLACE FUNCTION pglock.lock_list(prefix text)
+RETURNS TABLE (key text, owner text, fencing_token bigint, expires_at timestamptz,
+               held boolean, wanted boolean, read_at timestamptz)
+LANGUAGE sql VOLATILE STRICT
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT l.key, l.owner, l.fencing_token, l.expires_at,
+           l.owner IS NOT NULL AND l.expires_at > n.now,
+           l.owner IS NOT NULL AND l.expires_at > n.now AND l.wanted_at IS NOT NULL,
+           n.now
+    FROM pglock.locks l, (SELECT clock_timestamp() AS now) n
+    WHERE starts_with(l.key, lock_list.prefix)
+$$;
+
+-- lock_force_release breaks the lock on key whoever holds it, and returns what it
+-- broke: the owner, the token, the lease's end and how far it was, and whether a
+-- waiter had marked it; a row of nulls when no live holder has key.
+--
+-- It row-locks the row FOR UPDATE first, which waits: for an acquisition, a renewal
+-- or a release in flight, and for an open fenced transaction, whose FOR KEY SHARE
+-- (lock_held) conflicts with FOR UPDATE but not with a plain UPDATE of non-key
+-- columns. So a fenced write either committed before the break (the old holder's
+-- legitimate write) or runs after it and writes nothing, and no takeover happens
+-- while a fenced transaction is open. Once it has the row it checks the latest
+-- version on the clock: still held live, or nothing to break.
+--
+-- The break is a release on the owner's behalf: owner NULL, expires_at now (the end
+-- of the lease, from which lock_prune counts), the row's token kept as the floor of
+-- the next one, so the next acquisition gets a greater token. The holder's next
+-- renewal finds no owner and is refused; lock_held answers false at once. A row a
+-- waiter marked is unmarked and notified on pglock_released, as lock_release does.
+CREATE OR REPLACE FUNCTION pglock.lock_force_release(key text, OUT owner text, OUT fencing_token bigint,
+    OUT expires_at timestamptz, OUT expires_in_us bigint, OUT wanted boolean)
+LANGUAGE plpgsql VOLATILE STRICT
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    now timestamptz;
+BEGIN
+    SELECT l.owner, l.fencing_token, l.expires_at, l.wanted_at IS NOT NULL
+    INTO lock_force_release.owner, lock_force_release.fencing_token,
+         lock_force_release.expires_at, lock_force_release.wanted
+    FROM pglock.locks l
+    WHERE l.key = lock_force_release.key
+    FOR UPDATE;
+    now := clock_timestamp();
+    IF NOT FOUND OR lock_force_release.owner IS NULL OR lock_force_release.expires_at <= now THEN
+        owner := NULL;
+        fencing_token := NULL;
+        expires_at := NULL;
+        wanted := NULL;
+        RETURN;
+    END IF;
+    expires_in_us := (extract(epoch FROM lock_force_release.expires_at - now) * 1000000)::bigint;
+    UPDATE pglock.locks l
+    SET owner = NULL,
+        expires_at = now,
+        wanted_at = CASE WHEN l.wanted_at IS NOT NULL THEN
+            (SELECT NULL::timestamptz FROM pg_notify('pglock_released', l.key)) END
+    WHERE l.key = lock_force_release.key;
+END $$;
+
+-- As 000006 asks of a migration that adds a function: EXECUTE revoked from PUBLIC,
+-- granted to the roles that may execute lock_acquire.
+REVOKE ALL ON FUNCTION pglock.lock_list(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.lock_force_release(text) FROM PUBLIC;
+
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee::regrole AS grantee
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure
+          AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_list(text) TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_force_release(text) TO %s', r.grantee);
+    END LOOP;
+END $$;
+
+-- migrations/000008_job_runs.up.sql
+-- Run history: every run of a job (Client.Job, a gocron locker's job) and a count of the
+-- ticks each instance skipped, so that "when did the export last run, where, and did it
+-- fail?" has an answer in the database. The client writes them in the background, after
+-- the runs, one statement per run (see RunHistory); Client.JobRuns and Client.Jobs read
+-- them.
+
+-- One row per run. Times are on the database clock: the client sends how long ago the
+-- run ended and how long it took, on its own monotonic clock, so a client whose wall
+-- clock is off still records the database's times. "Ago" counts from when the client
+-- sent the statement, so the functions count it back from statement_timestamp() (when
+-- the server received it), not clock_timestamp(), which comes after the function's
+-- compilation on a new connection and would place the run a few milliseconds late.
+CREATE TABLE IF NOT EXISTS pglock.job_runs (
+    id            bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job           text        NOT NULL, -- the job's key or gocron job name
+    instance      text        NOT NULL, -- the client's instance name (WithInstanceName)
+    owner         text        NOT NULL, -- the owner id of the lock the run held
+    fencing_token bigint      NOT NULL, -- that lock's token
+    started_at    timestamptz NOT NULL,
+    ended_at      timestamptz NOT NULL,
+    outcome       text        NOT NULL CHECK (outcome IN ('ok', 'error', 'panicked', 'lost')),
+    error         text                  -- the error's text, at most 1000 characters; null when none
+);
+
+-- The last runs of a job, and (partial) its last failure, without reading its other runs.
+CREATE INDEX IF NOT EXISTS job_runs_job_ended_at ON pglock.job_runs (job, ended_at, id);
+CREATE INDEX IF NOT EXISTS job_runs_job_failed ON pglock.job_runs (job, ended_at, id) WHERE outcome <> 'ok';
+
+-- Skipped ticks, counted per job, instance and reason: a job that runs every second on
+-- one of ten instances skips nine ticks a second, which would swamp job_runs as rows.
+CREATE TABLE IF NOT EXISTS pglock.job_skips (
+    job      text        NOT NULL,
+    instance text        NOT NULL,
+    reason   text        NOT NULL, -- 'other instance', 'run in progress'
+    count    bigint      NOT NULL CHECK (count > 0),
+    last_at  timestamptz NOT NULL, -- the last skip counted, on the database clock
+    CONSTRAINT job_skips_pkey PRIMARY KEY (job, instance, reason)
+);
+
+-- job_run_record records one run that ended ended_ago_us microseconds ago after running
+-- duration_us, and returns its id. Every 16th id it also deletes the runs of that job
+-- that ended more than retention_ms ago, so that the history prunes itself (an index
+-- range scan of the job's oldest rows). err is kept to its first 1000 characters; null
+-- when the run had none. Bad input raises invalid_parameter_value (22023); an unknown
+-- outcome fails the table's CHECK (23514). Its transaction commits without waiting
+-- for its WAL to reach the disk (synchronous_commit off until the transaction ends): a
+-- crash may lose the last runs recorded, never a lock or a token, and a run never
+-- waits for a flush. So call it as a statement of its own, never inside a transaction
+-- whose other writes must be durable; the same goes for job_skips_record.
+CREATE OR REPLACE FUNCTION pglock.job_run_record(job text, instance text, owner text, token bigint,
+    ended_ago_us bigint, duration_us bigint, outcome text, err text, retention_ms bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ended timestamptz := statement_timestamp() - job_run_record.ended_ago_us * interval '1 microsecond';
+    run_id bigint;
+BEGIN
+    IF job_run_record.job IS NULL OR job_run_record.instance IS NULL OR job_run_record.owner IS NULL
+        OR job_run_record.token IS NULL OR job_run_record.outcome IS NULL
+        OR NOT job_run_record.ended_ago_us >= 0 OR NOT job_run_record.duration_us >= 0
+        OR NOT job_run_record.retention_ms > 0 THEN
+        RAISE EXCEPTION 'pglock.job_run_record: job, instance, owner, token and outcome must not be null, ended_ago_us and duration_us must be >= 0 and retention_ms > 0'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO pglock.job_runs AS r (job, instance, owner, fencing_token, started_at, ended_at, outcome, error)
+    VALUES (job_run_record.job, job_run_record.instance, job_run_record.owner, job_run_record.token,
+            ended - job_run_record.duration_us * interval '1 microsecond', ended,
+            job_run_record.outcome, left(job_run_record.err, 1000))
+    RETURNING r.id INTO run_id;
+    IF run_id % 16 = 0 THEN
+        DELETE FROM pglock.job_runs r
+        WHERE r.job = job_run_record.job
+          AND r.ended_at < clock_timestamp() - job_run_record.retention_ms * interval '1 millisecond';
+    END IF;
+    RETURN run_id;
+END $$;
+
+-- job_skips_record adds the skips that instance counted, a JSON array of
+-- {"job", "reason", "count", "ago_us"} (ago_us: how long ago the last of them was, one
+-- element per job and reason), to their counters, and deletes the counters of those
+-- jobs, any instance, last counted more than retention_ms ago (instances that are gone).
+-- It returns how many counters it wrote.
+CREATE OR REPLACE FUNCTION pglock.job_skips_record(instance text, skips json, retention_ms bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE STRICT AS $$
+DECLARE
+    written integer;
+BEGIN
+    IF NOT job_skips_record.retention_ms > 0 THEN
+        RAISE EXCEPTION 'pglock.job_skips_record: retention_ms must be > 0, not %', job_skips_record.retention_ms
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO pglock.job_skips AS s (job, instance, reason, count, last_at)
+    SELECT e.job, job_skips_record.instance, e.reason, e.count,
+           statement_timestamp() - e.ago_us * interval '1 microsecond'
+    FROM json_to_recordset(job_skips_record.skips) AS e(job text, reason text, count bigint, ago_us bigint)
+    ON CONFLICT ON CONSTRAINT job_skips_pkey DO UPDATE
+    SET count = s.count + excluded.count,
+        last_at = greatest(s.last_at, excluded.last_at);
+    GET DIAGNOSTICS written = ROW_COUNT;
+    DELETE FROM pglock.job_skips s
+    WHERE s.job IN (SELECT e.job FROM json_to_recordset(job_skips_record.skips) AS e(job text))
+      AND s.last_at < clock_timestamp() - job_skips_record.retention_ms * interval '1 millisecond';
+    RETURN written;
+END $$;
+
+-- job_run_list returns the last max_rows runs of job, newest first.
+CREATE OR REPLACE FUNCTION pglock.job_run_list(job text, max_rows integer) RETURNS SETOF pglock.job_runs
+LANGUAGE sql STABLE STRICT AS $$
+    SELECT r.* FROM pglock.job_runs r
+    WHERE r.job = job_run_list.job
+    ORDER BY r.ended_at DESC, r.id DESC
+    LIMIT job_run_list.max_rows
+$$;
+
+-- job_last_runs returns, for every job with runs, its last run (last_failure false)
+-- and its last run whose outcome is not ok (last_failure true; none when it never
+-- failed). The jobs are found by a skip scan of the job index, a lookup a job, so it
+-- reads two rows a job however long the history.
+CREATE OR REPLACE FUNCTION pglock.job_last_runs()
+RETURNS TABLE (last_failure boolean, id bigint, job text, instance text, owner text, fencing_token bigint,
+               started_at timestamptz, ended_at timestamptz, outcome text, error text)
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE jobs(job) AS (
+        (SELECT r.job FROM pglock.job_runs r ORDER BY r.job LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.job FROM pglock.job_runs r WHERE r.job > j.job ORDER BY r.job LIMIT 1)
+        FROM jobs j WHERE j.job IS NOT NULL)
+    SELECT false, l.id, l.job, l.instance, l.owner, l.fencing_token, l.started_at, l.ended_at, l.outcome, l.error
+    FROM jobs j CROSS JOIN LATERAL (
+        SELECT r.* FROM pglock.job_runs r WHERE r.job = j.job
+        ORDER BY r.ended_at DESC, r.id DESC LIMIT 1) l
+    UNION ALL
+    SELECT true, f.id, f.job, f.instance, f.owner, f.fencing_token, f.started_at, f.ended_at, f.outcome, f.error
+    FROM jobs j CROSS JOIN LATERAL (
+        SELECT r.* FROM pglock.job_runs r WHERE r.job = j.job AND r.outcome <> 'ok'
+        ORDER BY r.ended_at DESC, r.id DESC LIMIT 1) f
+$$;
+
+-- job_skip_list returns every skip counter, by job, instance and reason.
+CREATE OR REPLACE FUNCTION pglock.job_skip_list() RETURNS SETOF pglock.job_skips
+LANGUAGE sql STABLE AS $$
+    SELECT s.* FROM pglock.job_skips s ORDER BY s.job, s.instance, s.reason
+$$;
+
+-- As 000006: the functions run as their owner, so that an application role needs only
+-- EXECUTE on them and can neither write nor read the tables itself; EXECUTE goes to the
+-- roles that may call lock_acquire, not to PUBLIC.
+ALTER FUNCTION pglock.job_run_record(text, text, text, bigint, bigint, bigint, text, text, bigint)
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pglock.job_skips_record(text, json, bigint) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pglock.job_run_list(text, integer) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pglock.job_last_runs() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION pglock.job_skip_list() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+REVOKE ALL ON TABLE pglock.job_runs FROM PUBLIC;
+REVOKE ALL ON TABLE pglock.job_skips FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_run_record(text, text, text, bigint, bigint, bigint, text, text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_skips_record(text, json, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_run_list(text, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_last_runs() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_skip_list() FROM PUBLIC;
+
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee::regrole AS grantee
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure AND a.privilege_type = 'EXECUTE'
+          AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.job_run_record(text, text, text, bigint, bigint, bigint, text, text, bigint), '
+            'pglock.job_skips_record(text, json, bigint), pglock.job_run_list(text, integer), '
+            'pglock.job_last_runs(), pglock.job_skip_list() TO %s', r.grantee);
+    END LOOP;
+END $$;
+
+-- migrations/000009_release_async.up.sql
+-- lock_release_async is lock_release whose transaction commits without waiting for its
+-- WAL to reach the disk (or a synchronous standby). pglock's stores release with it, each
+-- release a transaction of its own; lock_release stays durable for callers that release
+-- inside a transaction of theirs, whose other writes must not lose their durability.
+--
+-- Why a release may skip the flush: an acquisition must survive a crash (its token and
+-- its holder), and so must a renewal (a lost one would move the expiry back under a
+-- holder that believes it still has the key). A release that a crash loses only brings
+-- the row back as it was: held by an owner that has moved on, until the expiry it had.
+-- Nobody holds the key twice, no token changes, and the next holder waits at most one
+-- ttl. The WAL is one sequence, so any later durable commit (the next acquisition of the
+-- key above all) flushes the release's record first: no acquisition survives a crash
+-- that lost the release before it. A marked row's NOTIFY is sent at the commit, as
+-- before; a waiter it wakes acquires durably.
+--
+-- set_config(..., true) lasts until the transaction ends: called inside a transaction of
+-- the caller's, it would make that whole transaction's commit asynchronous. Call it as a
+-- statement of its own.
+CREATE OR REPLACE FUNCTION pglock.lock_release_async(key text, owner text) RETURNS boolean
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN pglock.lock_release(lock_release_async.key, lock_release_async.owner);
+END $$;
+
+-- As 000006 asks of a new function: no EXECUTE for PUBLIC; the roles that may acquire
+-- may release this way too.
+REVOKE ALL ON FUNCTION pglock.lock_release_async(text, text) FROM PUBLIC;
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee::regrole AS grantee
+        FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+        WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure
+          AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_release_async(text, text) TO %s', r.grantee);
+    END LOOP;
+END $$;

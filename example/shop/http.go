@@ -10,27 +10,33 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgfence/pglock"
 )
 
 // AdminTokenHeader is the header the admin endpoints read the admin token from.
 const AdminTokenHeader = "X-Admin-Token"
 
-// LockRow is one row of the locks table, as GET /admin/locks lists it.
+// LockRow is one lock, as GET /admin/locks lists it (from pglock.Client.Locks).
 type LockRow struct {
-	Key   string `json:"key"`
-	Owner string `json:"owner,omitempty"` // empty once released
-	Token int64  `json:"token"`
+	Key      string `json:"key"`
+	Owner    string `json:"owner,omitempty"`    // empty once released
+	Instance string `json:"instance,omitempty"` // the instance part of Owner
+	Token    int64  `json:"token"`
+	Held     bool   `json:"held"` // a live holder has it now
 	// ExpiresIn is how long the lock lives without a renewal, on the database's clock,
-	// as a Go duration ("26.027s"); negative once expired.
+	// as a Go duration ("26.027s"); zero or negative once released or expired.
 	ExpiresIn string `json:"expiresIn"`
+	Waiting   bool   `json:"waiting,omitempty"` // a waiter wants it
 }
 
 // Handler returns the shop's HTTP API:
 //
-//   - GET /healthz: 200 {"status":"ok","leadsWarehouseFeed":bool}.
+//   - GET /healthz: readiness, from the pglock client's Health: 200
+//     {"status":"ok","leadsWarehouseFeed":bool,"locksHeld":1,"lastRenewal":"2026-…Z"} while
+//     its renewals are confirmed; 503 {"status":"unready","error":"…",…} once a renewal
+//     fails or is overdue (before any lock is lost: send no work here) and after Close.
+//   - GET /metrics: pglock's metrics in Prometheus's text format, when Config.Metrics
+//     is set.
 //   - POST /admin/invoice-exports: runs the invoice export now under its lock, waiting up
 //     to ExportWait for a run in progress (scheduled or not, on any instance): 200
 //     {"exported":3,"batchId":"acc_…"}, or {"exported":0} when nothing is left; 409 when
@@ -42,13 +48,25 @@ type LockRow struct {
 func (s *Shop) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
+	if s.metrics != nil {
+		mux.Handle("GET /metrics", s.metrics.handler)
+	}
 	mux.HandleFunc("POST /admin/invoice-exports", s.admin(s.exportNow))
 	mux.HandleFunc("GET /admin/locks", s.admin(s.listLocks))
 	return mux
 }
 
 func (s *Shop) healthz(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "leadsWarehouseFeed": s.LeadsWarehouseFeed()})
+	h := s.locks.Health()
+	body := map[string]any{"status": "ok", "leadsWarehouseFeed": s.LeadsWarehouseFeed(), "locksHeld": h.Held}
+	if !h.LastRenewal.IsZero() {
+		body["lastRenewal"] = h.LastRenewal.UTC()
+	}
+	status := http.StatusOK
+	if !h.Ready {
+		status, body["status"], body["error"] = http.StatusServiceUnavailable, "unready", h.Err.Error()
+	}
+	writeJSON(w, status, body)
 }
 
 // admin guards h with the admin token, compared in constant time (of hashes, so that
@@ -92,23 +110,22 @@ func (s *Shop) listLocks(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusInternalServerError, "cannot read the locks table")
 		return
 	}
-	if locks == nil {
-		locks = []LockRow{} // [] rather than null
-	}
 	writeJSON(w, http.StatusOK, locks)
 }
 
-// readLocks reads pglock's locks table: the tutorial's psql query.
+// readLocks lists every lock pglock's table holds, by key, with Client.Locks: the
+// application needs no privilege on the table itself.
 func (s *Shop) readLocks(ctx context.Context) ([]LockRow, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT key, coalesce(owner, ''), fencing_token,
-		extract(epoch FROM expires_at - clock_timestamp())::float8 FROM pglock.locks ORDER BY key`)
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (LockRow, error) {
-		var l LockRow
-		var secs float64
-		err := row.Scan(&l.Key, &l.Owner, &l.Token, &secs)
-		l.ExpiresIn = time.Duration(secs * float64(time.Second)).Round(time.Millisecond).String()
-		return l, err
-	})
+	locks, err := s.locks.Locks(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]LockRow, len(locks)) // [] rather than null when empty
+	for i, l := range locks {
+		rows[i] = LockRow{Key: l.Key, Owner: l.Owner, Instance: l.Instance, Token: l.Token, Held: l.Held,
+			ExpiresIn: l.ExpiresIn.Round(time.Millisecond).String(), Waiting: l.Waiting}
+	}
+	return rows, nil
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {

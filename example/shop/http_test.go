@@ -124,12 +124,20 @@ func TestAdminLocksListsTheLocksTable(t *testing.T) {
 	}
 	require.Equal(t, []string{shop.StockReconciliationKey, shop.StockReconciliationKey + ":owner"}, keys)
 	require.Empty(t, locks[0].Owner, "the run lock was released")
+	require.False(t, locks[0].Held)
 	require.Regexp(t, `^a/`, locks[1].Owner, "the lease is a's")
+	require.Equal(t, "a", locks[1].Instance)
+	require.True(t, locks[1].Held)
+	lease, err := time.ParseDuration(locks[1].ExpiresIn)
+	require.NoError(t, err)
+	require.Positive(t, lease)
 	require.Greater(t, locks[0].Token, locks[1].Token, "the run lock was taken after the lease")
 	require.True(t, slices.IsSorted(keys))
 
 	r = do(t, get(t, base+"/healthz"), "")
-	require.Equal(t, map[string]any{"status": "ok", "leadsWarehouseFeed": false}, r.body)
+	require.Equal(t, http.StatusOK, r.status)
+	require.Equal(t, "ok", r.body["status"])
+	require.Equal(t, false, r.body["leadsWarehouseFeed"])
 }
 
 func get(t *testing.T, url string) *http.Request {

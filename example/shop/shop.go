@@ -70,6 +70,9 @@ type Config struct {
 	StockReconciliationCron string
 	// Logger is where the shop logs; nil means slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, is served at GET /metrics, with the gauges of Locks; Locks
+	// must have been created with Metrics.EventHandler. Nil: no /metrics.
+	Metrics *Metrics
 }
 
 // ExportResult is what one invoice export did.
@@ -91,6 +94,8 @@ type Shop struct {
 	warehouse  WarehouseClient
 	logger     *slog.Logger
 	adminToken string
+	metrics    *Metrics
+	unobserve  func() // stops Metrics reading Locks' health
 
 	scheduler gocron.Scheduler
 	export    *pglock.Job
@@ -125,7 +130,7 @@ func New(cfg Config) (*Shop, error) {
 		return nil, fmt.Errorf("%w: AdminToken is empty: the admin endpoints would be open to anyone", ErrInvalidConfig)
 	}
 	s := &Shop{pool: cfg.Pool, locks: cfg.Locks, accounting: cfg.Accounting, warehouse: cfg.Warehouse,
-		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken}
+		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken, metrics: cfg.Metrics, unobserve: func() {}}
 	var err error
 	if s.scheduler, err = gocron.NewScheduler(); err != nil {
 		return nil, fmt.Errorf("shop: scheduler: %w", err)
@@ -159,6 +164,9 @@ func New(cfg Config) (*Shop, error) {
 	if err != nil {
 		_ = s.scheduler.Shutdown()
 		return nil, err
+	}
+	if s.metrics != nil {
+		s.unobserve = s.metrics.pglock.Observe(s.locks)
 	}
 	return s, nil
 }
@@ -196,6 +204,7 @@ func (s *Shop) Shutdown(ctx context.Context) error {
 		if e != nil {
 			err = errors.Join(err, e.Resign(ctx))
 		}
+		s.unobserve()
 		s.shutdownErr = err
 	})
 	return s.shutdownErr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -32,7 +32,8 @@ type demo struct {
 	o       options
 	out     *output
 	dbURL   string
-	db      *pgxpool.Pool // tryit's own reads of the locks table
+	db      *pgxpool.Pool  // the shop's tables
+	locks   *pglock.Client // tryit's own reads of the locks (Client.Locks); it takes none
 	bin     string
 	closers []func() // what newDemo took, released in reverse order
 
@@ -78,6 +79,10 @@ func newDemo(ctx context.Context, o options, w io.Writer) (_ *demo, err error) {
 		return nil, err
 	}
 	d.closers = append(d.closers, d.db.Close)
+	if d.locks, err = pglock.New(d.db, pglock.WithoutListener(), pglock.WithLogger(slog.New(slog.DiscardHandler))); err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, func() { _ = d.locks.Close(context.Background()) })
 	if err := d.waitForAnEarlierRun(ctx); err != nil {
 		return nil, err
 	}
@@ -103,17 +108,24 @@ func newDemo(ctx context.Context, o options, w io.Writer) (_ *demo, err error) {
 // waitForAnEarlierRun waits for the locks of an earlier run's instances to expire (a
 // run that was killed), and fails if they are still renewed (its instances still run).
 func (d *demo) waitForAnEarlierRun(ctx context.Context) error {
-	var n int
-	var left float64
-	query := `SELECT count(*), coalesce(max(extract(epoch FROM expires_at - clock_timestamp())), 0)::float8
-		FROM pglock.locks WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`
-	if err := d.db.QueryRow(ctx, query).Scan(&n, &left); err != nil || n == 0 {
+	// held counts the held locks and the longest time one has left.
+	held := func() (n int, left time.Duration, err error) {
+		locks, err := d.locks.Locks(ctx, "")
+		for _, l := range locks {
+			if l.Held {
+				n, left = n+1, max(left, l.ExpiresIn)
+			}
+		}
+		return n, left, err
+	}
+	n, left, err := held()
+	if err != nil || n == 0 {
 		return err
 	}
-	wait := time.Duration(left*float64(time.Second)) + 2*time.Second
+	wait := left + 2*time.Second
 	d.out.say("%d locks of an earlier run are still held; waiting up to %v for them to expire...", n, wait.Round(time.Second))
 	_, ok, err := d.waitUntil(ctx, wait, func() (bool, error) {
-		err := d.db.QueryRow(ctx, query).Scan(&n, &left)
+		n, _, err = held()
 		return n == 0, err
 	})
 	if err == nil && !ok {
@@ -153,16 +165,19 @@ func (d *demo) start(ctx context.Context, n int) (*instance, error) {
 	return i, i.ready(ctx, time.Minute)
 }
 
-// holders returns the port of the live holder of every held key, from the locks table.
+// holders returns the port of the live holder of every held key, from Client.Locks.
 func (d *demo) holders(ctx context.Context) (map[string]int, error) {
-	rows, _ := d.db.Query(ctx, `SELECT key, owner FROM pglock.locks WHERE owner IS NOT NULL AND expires_at > clock_timestamp()`)
+	locks, err := d.locks.Locks(ctx, "")
+	if err != nil {
+		return nil, err
+	}
 	h := map[string]int{}
-	var key, owner string
-	_, err := pgx.ForEachRow(rows, []any{&key, &owner}, func() error {
-		h[key] = ownerPort(owner)
-		return nil
-	})
-	return h, err
+	for _, l := range locks {
+		if l.Held {
+			h[l.Key] = ownerPort(l.Owner)
+		}
+	}
+	return h, nil
 }
 
 // ownerPort reads the port in an owner id ("host:3001/random"; cmd/shop's instance

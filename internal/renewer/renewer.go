@@ -104,6 +104,20 @@ type Config struct {
 	Now       func() time.Time
 	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 	Logger    *slog.Logger
+	// Observe, when set, is called after each renewal call (a group's batch call, or
+	// its run of single calls) with what it did, before the locks it lost are reported.
+	// It must not block: it runs on the renewer's schedule. It is not called for a call
+	// that Close cut short.
+	Observe func(Call)
+}
+
+// Call is one renewal call, as Config.Observe sees it.
+type Call struct {
+	TTL      time.Duration
+	Locks    int           // how many locks it renewed or tried to
+	Sent     time.Time     // when it was sent
+	Duration time.Duration // how long it took, on the clock
+	Err      error         // the store's error; nil when the store answered, even to refuse
 }
 
 // Renewer renews the entries added to it until they are removed or lost. It is safe
@@ -182,6 +196,23 @@ func (r *Renewer) Live(e *Entry) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return !e.lost && !e.removed && now.Before(e.deadline)
+}
+
+// Overdue counts the entries added, not lost, whose last confirmed renewal was sent
+// more than half their ttl ago on the clock: one renewal, due at a third of the ttl,
+// has not been confirmed in time, and the lock is lost at nine tenths unless one is.
+func (r *Renewer) Overdue() int {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.queue {
+		// deadline is the last confirmed send plus ttl less a tenth.
+		if !e.lost && !e.removed && !now.Before(e.deadline.Add(-e.TTL*2/5)) {
+			n++
+		}
+	}
+	return n
 }
 
 // Close stops the schedule, cancels the store calls in flight and waits for the rounds
@@ -417,6 +448,9 @@ func (r *Renewer) renew(group []flight) {
 	r.arm()
 	r.mu.Unlock()
 
+	if r.cfg.Observe != nil {
+		r.cfg.Observe(Call{TTL: ttl, Locks: len(group), Sent: sentAt, Duration: now.Sub(sentAt), Err: err})
+	}
 	if err != nil {
 		r.cfg.Logger.LogAttrs(context.Background(), level, "pglock: renewal failed; retrying until the deadline",
 			slog.Duration("ttl", ttl), slog.Int("locks", len(group)), slog.Any("err", err))

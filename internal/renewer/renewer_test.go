@@ -675,3 +675,61 @@ func TestConcurrentAddRemove(t *testing.T) {
 		})
 	}
 }
+
+// Observe sees every renewal call, failed or not, with its latency; Overdue counts a
+// lock whose renewal has not been confirmed for half its ttl, long before it is lost.
+func TestObserveAndOverdue(t *testing.T) {
+	t.Parallel()
+	const ttl = 30 * time.Second
+	clock := newFakeClock()
+	var mu sync.Mutex
+	var took time.Duration
+	var failing bool
+	errDown := errors.New("down")
+	store := &fakeStore{fn: func(_ context.Context, keys []string) ([]string, error) {
+		mu.Lock()
+		d, fail := took, failing
+		mu.Unlock()
+		clock.Move(d)
+		if fail {
+			return nil, errDown
+		}
+		return keys, nil
+	}}
+	var calls []Call
+	r := New(Config{Store: store, Now: clock.Now, AfterFunc: clock.AfterFunc, Logger: slog.New(slog.DiscardHandler),
+		Observe: func(c Call) {
+			mu.Lock()
+			calls = append(calls, c)
+			mu.Unlock()
+		}})
+	t.Cleanup(func() { require.NoError(t, r.Close(context.Background())) })
+	e, lost := newEntry("k", ttl)
+	r.Add(e, t0)
+
+	took = 2 * time.Second
+	clock.AdvanceTo(t0.Add(10 * time.Second)) // renewed: sent at 10 s, answered at 12 s
+	require.Zero(t, r.Overdue())
+	mu.Lock()
+	took, failing = 0, true
+	mu.Unlock()
+	clock.AdvanceTo(t0.Add(24 * time.Second)) // fails at 20 s and at 23 s
+	require.Zero(t, r.Overdue(), "the last confirmed renewal was sent 14 s ago")
+	clock.AdvanceTo(t0.Add(25 * time.Second))
+	require.Equal(t, 1, r.Overdue(), "15 s: half the ttl")
+	require.Empty(t, lost.Reasons(), "the lock is lost only at 37 s")
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	clock.AdvanceTo(t0.Add(26 * time.Second)) // the retry succeeds
+	require.Zero(t, r.Overdue())
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []Call{
+		{TTL: ttl, Locks: 1, Sent: t0.Add(10 * time.Second), Duration: 2 * time.Second},
+		{TTL: ttl, Locks: 1, Sent: t0.Add(20 * time.Second), Err: errDown},
+		{TTL: ttl, Locks: 1, Sent: t0.Add(23 * time.Second), Err: errDown},
+		{TTL: ttl, Locks: 1, Sent: t0.Add(26 * time.Second)},
+	}, calls)
+}

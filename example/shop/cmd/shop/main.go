@@ -165,9 +165,14 @@ func run(args []string) (err error) {
 	if err := shop.Seed(ctx, pool); err != nil {
 		return err
 	}
+	metrics, err := shop.NewMetrics() // GET /metrics
+	if err != nil {
+		return err
+	}
+	closers = append(closers, closer{"metrics", metrics.Shutdown})
 	host, _ := os.Hostname()
 	locks, err := pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithLogger(logger),
-		pglock.WithInstanceName(fmt.Sprintf("%s:%d", host, cfg.port)))
+		pglock.WithInstanceName(fmt.Sprintf("%s:%d", host, cfg.port)), metrics.EventHandler())
 	if err != nil {
 		return err
 	}
@@ -181,6 +186,7 @@ func run(args []string) (err error) {
 		InvoiceExportCron:       cfg.invoiceExportCron,
 		StockReconciliationCron: cfg.stockReconciliationCron,
 		Logger:                  logger,
+		Metrics:                 metrics,
 	})
 	if err != nil {
 		return err

@@ -1,0 +1,508 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// TestCommandsShowWhatAnotherProcessDoes runs the read commands against a database in
+// which a holder process holds locks, and ran, failed and skipped jobs.
+func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	h := startHolder(t, url, p)
+
+	t.Run("LocksListsTheHolderLocksAsATable", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "locks", "-url", url, "-prefix", p)
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Regexp(t, `^KEY\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES \(UTC\)\s+WAITING$`, lines[0])
+		row := func(key string) string {
+			for _, l := range lines {
+				if strings.HasPrefix(l, key+" ") {
+					return l
+				}
+			}
+			t.Fatalf("no row for %s in\n%s", key, r.stdout)
+			return ""
+		}
+		for _, key := range []string{p + "orders:1", p + "orders:2", p + "stuck:1"} {
+			require.Regexp(t, `^\S+\s+worker-1/\S+\s+`+itoa(h.tokens[key])+`\s+yes\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+\(in [0-9.]+m?s\)`, row(key))
+		}
+		require.Regexp(t, `\s+yes$`, row(p+"orders:2"), "orders:2 is waited for")
+		require.Regexp(t, `\s+yes\s+\S+\s+\(in [0-9.]+m?s\)$`, row(p+"orders:1"), "nobody waits for orders:1")
+		require.Regexp(t, `^\S+\s+worker-1/\S+\s+\d+\s+yes\s`, row(p+"reconcile:owner"), "worker-1 owns the job reconcile")
+		require.Regexp(t, `^\S+\s+-\s+\d+\s+no\s+\S+\s+\(\S+ ago\)$`, row(p+"export"), "the run lock of export was released")
+		require.Equal(t, "6 locks, 4 held, 1 waited for", lines[len(lines)-1])
+	})
+
+	t.Run("LocksJSONGivesEveryField", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "locks", "-json", "-url", url, "-prefix", p+"orders:")
+		require.Equal(t, 0, r.code, r.stderr)
+		var locks []map[string]any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &locks), r.stdout)
+		require.Len(t, locks, 2)
+		l := locks[1]
+		require.Equal(t, p+"orders:2", l["key"])
+		require.Equal(t, "worker-1", l["instance"])
+		require.Regexp(t, `^worker-1/.+`, l["owner"])
+		require.Equal(t, float64(h.tokens[p+"orders:2"]), l["token"])
+		require.Equal(t, true, l["held"])
+		require.Equal(t, true, l["waiting"])
+		require.Greater(t, l["expires_in_seconds"], 0.0)
+		require.LessOrEqual(t, l["expires_in_seconds"], holderTTL.Seconds())
+		expires, err := time.Parse(time.RFC3339Nano, l["expires_at"].(string))
+		require.NoError(t, err)
+		require.WithinDuration(t, time.Now(), expires, time.Minute)
+		require.Equal(t, false, locks[0]["waiting"])
+	})
+
+	t.Run("LocksWithAPrefixThatMatchesNothingSaysSo", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "locks", "-url", url, "-prefix", p+"nothing%")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Equal(t, "no locks with prefix \""+p+"nothing%\"\n", r.stdout)
+	})
+
+	t.Run("LocksConnectsWithDatabaseURL", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, []string{"DATABASE_URL=" + url}, "locks", "-prefix", p+"stuck:", "-json")
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, `"key": "`+p+`stuck:1"`)
+	})
+
+	t.Run("JobsShowsLastRunLastFailureAndSkips", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "jobs", "-url", url)
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Regexp(t, `^JOB\s+LAST RUN \(UTC\)\s+ON\s+TOOK\s+OUTCOME\s+LAST FAILURE\s+SKIPPED$`, lines[0])
+		require.Len(t, lines, 3, r.stdout)
+		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`export\s+\S+Z\s+\(\S+ ago\)\s+worker-1\s+\S+s\s+error\s+\S+ ago on worker-1, error: export: the warehouse answered 503\s+-$`, lines[1])
+		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`reconcile\s+\S+Z\s+\(\S+ ago\)\s+worker-1\s+\S+s\s+ok\s+-\s+other-instance 1$`, lines[2])
+	})
+
+	t.Run("JobsJSONGivesEveryField", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "jobs", "-json", "-url", url)
+		require.Equal(t, 0, r.code, r.stderr)
+		var jobs []struct {
+			Job         string
+			LastRun     *runJSON   `json:"last_run"`
+			LastFailure *runJSON   `json:"last_failure"`
+			Skips       []skipJSON `json:"skips"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &jobs), r.stdout)
+		require.Len(t, jobs, 2)
+		export, reconcile := jobs[0], jobs[1]
+		require.Equal(t, p+"export", export.Job)
+		require.Equal(t, "error", export.LastFailure.Outcome)
+		require.Equal(t, "export: the warehouse answered 503", export.LastFailure.Error)
+		require.Equal(t, p+"reconcile", reconcile.Job)
+		require.Nil(t, reconcile.LastFailure)
+		run := reconcile.LastRun
+		require.Equal(t, "ok", run.Outcome)
+		require.Equal(t, "worker-1", run.Instance)
+		require.Regexp(t, `^worker-1/`, run.Owner)
+		require.Positive(t, run.Token)
+		require.False(t, run.Ended.Before(run.Started))
+		require.InDelta(t, run.Ended.Sub(run.Started).Seconds(), run.DurationSeconds, 1e-6)
+		require.Equal(t, []skipJSON{{Instance: "worker-2", Reason: "other-instance", Count: 1, Last: reconcile.Skips[0].Last}}, reconcile.Skips)
+	})
+
+	t.Run("JobsOfOneJobListsItsRunsNewestFirst", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "jobs", "-url", url, "-n", "5", p+"reconcile")
+		require.Equal(t, 0, r.code, r.stderr)
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		require.Regexp(t, `^STARTED \(UTC\)\s+ON\s+TOKEN\s+TOOK\s+OUTCOME\s+ERROR$`, lines[0])
+		require.Regexp(t, `^\S+Z\s+\(\S+ ago\)\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[1])
+		require.Regexp(t, `^\S+Z\s+\(\S+ ago\)\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[2])
+		require.Equal(t, "", lines[3])
+		require.Regexp(t, `^SKIPPED ON\s+REASON\s+TICKS\s+LAST \(UTC\)$`, lines[4])
+		require.Regexp(t, `^worker-2\s+other-instance\s+1\s+\S+Z\s+\(\S+ ago\)$`, lines[5])
+
+		r = pglockCmd(t, nil, "jobs", "-url", url, "-n", "1", "-json", p+"reconcile")
+		require.Equal(t, 0, r.code, r.stderr)
+		var runs jobRunsJSON
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &runs), r.stdout)
+		require.Len(t, runs.Runs, 1, "-n 1")
+	})
+
+	t.Run("JobsOfAJobWithoutRunsIsNotFound", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "jobs", "-url", url, p+"never-ran")
+		require.Equal(t, exitNotFound, r.code)
+		require.Equal(t, `pglock: jobs: no runs of "`+p+`never-ran" recorded (within the retention; pglock jobs lists the jobs that have some)`+"\n", r.stderr)
+	})
+
+	t.Run("ReleaseWithoutForceSaysWhatItWouldBreakAndBreaksNothing", func(t *testing.T) {
+		t.Parallel()
+		key := p + "orders:1"
+		before := locksJSONOf(t, url, key)
+		r := pglockCmd(t, nil, "release", "-url", url, key)
+		require.Equal(t, exitUsage, r.code)
+		require.Regexp(t, `^would release "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key])+`, its lease due to end \S+Z \(in \S+\)\n$`, r.stdout)
+		require.Equal(t, `pglock: release: -force is required to break "`+key+`": nothing changed`+"\n", r.stderr)
+		after := locksJSONOf(t, url, key)
+		require.True(t, after[0].Held)
+		require.Equal(t, before[0].Owner, after[0].Owner)
+		require.Equal(t, before[0].Token, after[0].Token)
+	})
+
+	t.Run("MigrateStatusSaysEverythingIsApplied", func(t *testing.T) {
+		t.Parallel()
+		available, err := migrations()
+		require.NoError(t, err)
+		latest := available[len(available)-1]
+		r := pglockCmd(t, nil, "migrate", "status", "-url", url)
+		require.Equal(t, 0, r.code, r.stderr)
+		require.Contains(t, r.stdout, "schema pglock at version "+itoa(int64(latest.Version))+" of "+itoa(int64(latest.Version))+", 0 migrations pending\n")
+		require.Regexp(t, `(?m)^1\s+locks\s+applied$`, r.stdout)
+		require.Regexp(t, `(?m)^`+itoa(int64(latest.Version))+`\s+`+latest.Name+`\s+applied$`, r.stdout)
+		require.NotRegexp(t, `(?m)^\d+\s+\S+\s+pending$`, r.stdout)
+	})
+
+	t.Run("SQLPrintsTheSchemaScript", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "sql")
+		require.Equal(t, 0, r.code, r.stderr)
+		want, err := os.ReadFile("../../sql/pglock.sql")
+		require.NoError(t, err)
+		require.Equal(t, string(want), r.stdout)
+	})
+}
+
+// TestReleaseForceBreaksTheHolderLock breaks a lock that another process holds: the
+// holder's lock ctx is cancelled, a new acquisition gets a greater token, and the
+// holder's other locks are untouched.
+func TestReleaseForceBreaksTheHolderLock(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	h := startHolder(t, url, p)
+	key := p + "stuck:1"
+	broken := h.tokens[key]
+	other := locksJSONOf(t, url, p+"orders:1")
+
+	r := pglockCmd(t, nil, "release", "-force", "-url", url, key)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^released "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\n`+
+		`Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused.\n$`, r.stdout)
+	require.Empty(t, r.stderr)
+
+	// The holder renews every second: its next renewal is refused.
+	require.Equal(t, "lost "+key, h.next(t, 3*holderTTL))
+
+	client := newClient(t, url)
+	l, err := client.TryAcquire(context.Background(), key)
+	require.NoError(t, err, "the key is free")
+	require.Greater(t, l.Token(), broken)
+	require.NoError(t, l.Release(context.Background()))
+
+	after := locksJSONOf(t, url, p+"orders:1")
+	require.True(t, after[0].Held, "the holder's other locks are untouched")
+	require.Equal(t, other[0].Owner, after[0].Owner)
+	require.Equal(t, other[0].Token, after[0].Token)
+
+	r = pglockCmd(t, nil, "release", "-force", "-json", "-url", url, key)
+	require.Equal(t, exitNotFound, r.code, "broken twice")
+	require.Equal(t, `pglock: release: "`+key+`" has no live holder: nothing to break`+"\n", r.stderr)
+	require.Empty(t, r.stdout)
+}
+
+// TestPruneDeletesOnlyOldEndedLocks prunes released locks and keeps a held one.
+func TestPruneDeletesOnlyOldEndedLocks(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	client := newClient(t, url)
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		l, err := client.TryAcquire(ctx, p+k)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+	}
+	held, err := client.TryAcquire(ctx, p+"held")
+	require.NoError(t, err)
+	defer held.Release(ctx)
+
+	r := pglockCmd(t, nil, "prune", "-older-than", "1d", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "deleted 0 locks released or expired more than 1d ago\n", r.stdout)
+
+	r = pglockCmd(t, nil, "prune", "-older-than", "0s", "-json", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.JSONEq(t, `{"deleted": 3, "older_than_seconds": 0}`, r.stdout)
+
+	locks := locksJSONOf(t, url, p)
+	require.Len(t, locks, 1)
+	require.Equal(t, p+"held", locks[0].Key)
+	require.True(t, locks[0].Held)
+}
+
+// TestMigrateAppliesTheSchemaToAnEmptyDatabase migrates a fresh database, then finds
+// nothing more to do.
+func TestMigrateAppliesTheSchemaToAnEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	url := unmigratedDatabase(t)
+	available, err := migrations()
+	require.NoError(t, err)
+	latest := itoa(int64(available[len(available)-1].Version))
+
+	r := pglockCmd(t, nil, "migrate", "status", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.True(t, strings.HasPrefix(r.stdout, "schema pglock not found: "+itoa(int64(len(available)))+" migrations pending\n"), r.stdout)
+	require.Regexp(t, `(?m)^1\s+locks\s+pending$`, r.stdout)
+	require.True(t, strings.HasSuffix(r.stdout, "\nrun `pglock migrate` to apply them\n"), r.stdout)
+	require.False(t, schemaExists(t, url), "status changes nothing")
+
+	r = pglockCmd(t, []string{"DATABASE_URL=" + url}, "migrate")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "migrated schema pglock from version 0 to "+latest+"\n", r.stdout)
+
+	r = pglockCmd(t, nil, "-url", url, "migrate", "up")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "schema pglock is up to date: version "+latest+"\n", r.stdout)
+
+	r = pglockCmd(t, nil, "migrate", "status", "-json", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	var st struct {
+		SchemaExists bool `json:"schema_exists"`
+		Version      uint
+		Pending      int
+		Migrations   []struct{ Applied bool }
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &st), r.stdout)
+	require.True(t, st.SchemaExists)
+	require.Equal(t, available[len(available)-1].Version, st.Version)
+	require.Zero(t, st.Pending)
+	for _, m := range st.Migrations {
+		require.True(t, m.Applied)
+	}
+
+	r = pglockCmd(t, nil, "locks", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "no locks\n", r.stdout)
+}
+
+// TestBadInputSaysWhatIsWrongAndTouchesNothing runs pglock wrongly: each run prints
+// one clear message, exits non-zero, and leaves the database as it was.
+func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	empty := unmigratedDatabase(t)
+	p := keyPrefix(t)
+	client := newClient(t, url)
+	held, err := client.TryAcquire(context.Background(), p+"held")
+	require.NoError(t, err)
+	defer held.Release(context.Background())
+	before := locksJSONOf(t, url, "")
+	missing, err := devdb.WithDatabase(url, "pglock_cli_no_such_database")
+	require.NoError(t, err)
+
+	const unreachable = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
+	const noSchema = "schema pglock not found: run `pglock migrate`\n"
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string // a regexp, matched against the whole of stderr
+	}{
+		{"UnknownCommand", []string{"frobnicate"}, exitUsage,
+			`^pglock: unknown command "frobnicate": want one of locks, jobs, release, migrate, sql, prune \(pglock -h\)\n$`},
+		{"NoCommand", nil, exitUsage, `^pglock shows and steers(.|\n)*Exit codes:(.|\n)*`},
+		{"UnknownFlag", []string{"locks", "-url", url, "-colour"}, exitUsage,
+			`^pglock: locks: flag provided but not defined: -colour \(pglock locks -h\)\n$`},
+		{"ReleaseWithoutForce", []string{"release", "-url", url, p + "held"}, exitUsage,
+			`^pglock: release: -force is required to break "` + regexp.QuoteMeta(p) + `held": nothing changed\n$`},
+		{"ReleaseWithoutKey", []string{"release", "-force", "-url", url}, exitUsage,
+			`^pglock: release: want one KEY, got 0 arguments \(pglock release -h\)\n$`},
+		{"ReleaseOfAFreeKey", []string{"release", "-force", "-url", url, p + "free"}, exitNotFound,
+			`^pglock: release: "` + regexp.QuoteMeta(p) + `free" has no live holder: nothing to break\n$`},
+		{"ReleaseOfAnInvalidKey", []string{"release", "-force", "-url", url, strings.Repeat("k", pglock.MaxKeyLength+1)}, exitUsage,
+			`^pglock: invalid key: .*\n$`},
+		{"PruneWithoutOlderThan", []string{"prune", "-url", url}, exitUsage,
+			`^pglock: prune: -older-than is required, for example -older-than 24h\n$`},
+		{"PruneWithABadDuration", []string{"prune", "-url", url, "-older-than", "a week"}, exitUsage,
+			`^pglock: prune: invalid value "a week" for flag -older-than: want a duration such as 90m, 24h or 7d \(pglock prune -h\)\n$`},
+		{"PruneWithANegativeDuration", []string{"prune", "-url", url, "-older-than", "-1h"}, exitUsage,
+			`^pglock: prune: invalid value "-1h" for flag -older-than: negative \(pglock prune -h\)\n$`},
+		{"JobsWithTooManyRuns", []string{"jobs", "-url", url, "-n", "1001", "x"}, exitUsage, `^pglock: jobs: -n 1001: want 1 to 1000\n$`},
+		{"MigrateSideways", []string{"migrate", "-url", url, "sideways"}, exitUsage,
+			`^pglock: migrate: unknown action "sideways": want up or status\n$`},
+		{"ZeroTimeout", []string{"locks", "-url", url, "-timeout", "0s"}, exitUsage,
+			`^pglock: locks: -timeout 0s: want a positive duration such as 5s\n$`},
+		{"BadConnectionString", []string{"locks", "-url", "postgres://%zz"}, exitUsage,
+			`^pglock: the connection string \(-url or DATABASE_URL\) is not valid: .*\n$`},
+		{"NoSuchDatabase", []string{"locks", "-url", missing}, exitFailure,
+			`^pglock: database "pglock_cli_no_such_database" does not exist at \S+: name another with -url or DATABASE_URL\n$`},
+		{"UnreachableLocks", []string{"locks", "-url", unreachable}, exitFailure, `^pglock: PostgreSQL unreachable at 127\.0\.0\.1:1: connect: connection refused\n$`},
+		{"UnreachableJobs", []string{"-url", unreachable, "jobs"}, exitFailure, `^pglock: PostgreSQL unreachable at 127\.0\.0\.1:1: `},
+		{"UnreachableRelease", []string{"release", "-force", "-url", unreachable, "k"}, exitFailure, `^pglock: PostgreSQL unreachable at 127\.0\.0\.1:1: `},
+		{"UnreachableMigrate", []string{"migrate", "-url", unreachable}, exitFailure, `^pglock: PostgreSQL unreachable at 127\.0\.0\.1:1: `},
+		{"UnreachablePrune", []string{"prune", "-older-than", "1h", "-url", unreachable}, exitFailure, `^pglock: PostgreSQL unreachable at 127\.0\.0\.1:1: `},
+		{"UnmigratedLocks", []string{"locks", "-url", empty}, exitFailure, `^pglock: database "pglock_cli_empty_\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+		{"UnmigratedJobs", []string{"jobs", "-url", empty}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+		{"UnmigratedRelease", []string{"release", "-force", "-url", empty, "k"}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+		{"UnmigratedReleaseWithoutForce", []string{"release", "-url", empty, "k"}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+		{"UnmigratedPrune", []string{"prune", "-older-than", "1h", "-url", empty}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := pglockCmd(t, nil, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout: %s\nstderr: %s", r.stdout, r.stderr)
+			require.Regexp(t, tc.stderr, r.stderr)
+			if tc.name != "ReleaseWithoutForce" {
+				require.Empty(t, r.stdout)
+			}
+		})
+	}
+	require.Equal(t, holders(before), holders(locksJSONOf(t, url, "")), "nothing changed")
+	require.False(t, schemaExists(t, empty), "nothing created in the unmigrated database")
+}
+
+// TestHelpShowsUsageAndAnExample runs -h on pglock and each command.
+func TestHelpShowsUsageAndAnExample(t *testing.T) {
+	t.Parallel()
+	r := pglockCmd(t, nil, "-h")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "Exit codes:\n  0  ok\n  1  failure")
+	require.Contains(t, r.stdout, "Examples:\n  pglock locks -prefix orders:\n")
+	for _, c := range commands {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			for _, args := range [][]string{{c.name, "-h"}, {"help", c.name}} {
+				r := pglockCmd(t, nil, args...)
+				require.Equal(t, 0, r.code, r.stderr)
+				require.Regexp(t, `^Usage: pglock `+c.name+`( |\n)`, r.stdout)
+				require.Regexp(t, `\nExample:\n  pglock `+c.name+`\b`, r.stdout)
+				require.Empty(t, r.stderr)
+			}
+		})
+	}
+}
+
+// TestLocksWatchRedrawsUntilInterrupted watches a lock, sees at least two frames, and
+// stops on SIGINT with exit code 0: for people, and with -json.
+func TestLocksWatchRedrawsUntilInterrupted(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	client := newClient(t, url)
+	l, err := client.TryAcquire(context.Background(), p+"watched")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, l.Release(context.Background())) }) // after the parallel subtests
+
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		frame func(line string) bool // whether line starts a frame showing the lock
+	}{
+		{"Table", nil, func() func(string) bool {
+			header := false
+			return func(line string) bool {
+				switch {
+				case strings.HasPrefix(line, `pglock locks -prefix "`+p+`" at `):
+					header = true
+				case header && strings.HasPrefix(line, p+"watched "):
+					header = false
+					return true
+				}
+				return false
+			}
+		}()},
+		{"JSON", []string{"-json"}, func(line string) bool {
+			var locks []lockJSON
+			return json.Unmarshal([]byte(line), &locks) == nil && len(locks) == 1 && locks[0].Key == p+"watched" && locks[0].Held
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, binary, append([]string{"locks", "-watch", "-url", url, "-prefix", p}, tc.args...)...)
+			cmd.Env = withoutDatabaseURL(os.Environ())
+			stdout, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			require.NoError(t, cmd.Start())
+			sc := bufio.NewScanner(stdout)
+			frames := 0
+			for frames < 2 && sc.Scan() {
+				if tc.frame(sc.Text()) {
+					frames++
+				}
+			}
+			require.Equal(t, 2, frames, "two frames before the deadline")
+			require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+			for sc.Scan() { // until it exits
+			}
+			require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+		})
+	}
+}
+
+// locksJSONOf runs pglock locks -json -prefix prefix.
+func locksJSONOf(t *testing.T, url, prefix string) []lockJSON {
+	t.Helper()
+	r := pglockCmd(t, nil, "locks", "-json", "-url", url, "-prefix", prefix)
+	require.Equal(t, 0, r.code, r.stderr)
+	var locks []lockJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &locks), r.stdout)
+	for i := range locks {
+		locks[i].ExpiresInSeconds = 0 // it changes with every reading
+	}
+	return locks
+}
+
+// holders returns who holds each lock, without the expiry that renewals move.
+func holders(locks []lockJSON) []string {
+	out := make([]string, len(locks))
+	for i, l := range locks {
+		out[i] = fmt.Sprintf("%s %s %d %v", l.Key, l.Owner, l.Token, l.Held)
+	}
+	return out
+}
+
+// newClient returns a pglock client on url, closed when the test ends.
+func newClient(t *testing.T, url string) *pglock.Client {
+	t.Helper()
+	client, err := pglock.New(pglocktest.Pool(t, url, 4), pglock.WithoutListener(), pglock.WithInstanceName("test"))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, client.Close(context.Background())) })
+	return client
+}
+
+// schemaExists reports whether the database at url has a schema pglock.
+func schemaExists(t *testing.T, url string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var exists bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regnamespace('pglock') IS NOT NULL`).Scan(&exists))
+	return exists
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgfence/pglock"
+)
+
+var jobsCommand = &command{
+	name:    "jobs",
+	args:    "[-json] [-n N] [JOB]",
+	summary: "every job's last run, last failure and skipped ticks; or one job's last runs",
+	help: `
+Jobs lists every job with a run history: its last run (when, on which instance,
+how long, the outcome), its last failure, and the ticks it skipped by reason. With
+JOB, it lists that job's last runs, newest first, and its skipped ticks by instance.
+
+Outcomes: ok, error, panicked, lost (the lock was lost mid-run). Skip reasons:
+other-instance (another instance owns the job: OnOneInstance), run-in-progress (a
+run still holds the run lock: WithoutOverlapping). Times are on the database's
+clock. Clients record runs unless RunHistory(0); runs are kept 7 days by default.`,
+	example: `
+pglock jobs
+pglock jobs -n 5 inventory:stock-reconciliation
+pglock jobs -json | jq -r '.[] | select(.last_run.outcome != "ok") | .job'`,
+	connects: true,
+	run:      runJobs,
+}
+
+func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
+	asJSON := fs.Bool("json", false, "print JSON")
+	n := fs.Int("n", 20, "with JOB: how many runs to list, 1 to 1000")
+	rest, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 1 {
+		return usageError("jobs: want at most one JOB, got %d arguments (pglock jobs -h)", len(rest))
+	}
+	if *n < 1 || *n > 1000 {
+		return usageError("jobs: -n %d: want 1 to 1000", *n)
+	}
+	c, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	sctx, cancel := c.statementContext(ctx)
+	defer cancel()
+	now, err := c.now(sctx)
+	if err != nil {
+		return c.explain(ctx, "jobs", err)
+	}
+	jobs, err := c.client.Jobs(sctx)
+	if err != nil {
+		return c.explain(ctx, "jobs", err)
+	}
+	if len(rest) == 0 {
+		if *asJSON {
+			out := make([]jobJSON, len(jobs))
+			for i, j := range jobs {
+				out[i] = toJobJSON(j)
+			}
+			return writeJSON(e.stdout, out, false)
+		}
+		printJobs(e.stdout, jobs, now)
+		return nil
+	}
+	job := rest[0]
+	runs, err := c.client.JobRuns(sctx, job, *n)
+	if err != nil {
+		return c.explain(ctx, "jobs", err)
+	}
+	var skips []pglock.JobSkips
+	for _, j := range jobs {
+		if j.Job == job {
+			skips = j.Skips
+		}
+	}
+	if len(runs) == 0 && len(skips) == 0 {
+		if *asJSON {
+			_ = writeJSON(e.stdout, jobRunsJSON{Job: job, Runs: []runJSON{}, Skips: []skipJSON{}}, false)
+		}
+		return notFoundError("jobs: no runs of %q recorded (within the retention; pglock jobs lists the jobs that have some)", job)
+	}
+	if *asJSON {
+		out := jobRunsJSON{Job: job, Runs: make([]runJSON, len(runs)), Skips: skipsJSON(skips)}
+		for i, r := range runs {
+			out.Runs[i] = toRunJSON(r)
+		}
+		return writeJSON(e.stdout, out, false)
+	}
+	printRuns(e.stdout, runs, skips, now)
+	return nil
+}
+
+// now reads the database's clock, which the history's times are on.
+func (c *conn) now(ctx context.Context) (time.Time, error) {
+	var now time.Time
+	err := c.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now)
+	return now, err
+}
+
+// printJobs writes one line per job.
+func printJobs(w io.Writer, jobs []pglock.JobStatus, now time.Time) {
+	if len(jobs) == 0 {
+		fmt.Fprintln(w, "no job runs recorded (clients record them unless RunHistory(0); they are kept 7 days by default)")
+		return
+	}
+	t := newTable(w, "JOB", "LAST RUN (UTC)", "", "ON", "TOOK", "OUTCOME", "LAST FAILURE", "SKIPPED")
+	for _, j := range jobs {
+		cells := []string{text(j.Job), "-", "", "-", "-", "-"}
+		if r := j.LastRun; r != nil {
+			cells = []string{text(j.Job), stamp(r.Started), "(" + relative(r.Started.Sub(now)) + ")",
+				text(r.Instance), span(r.Ended.Sub(r.Started)), string(r.Outcome)}
+		}
+		failure := "-"
+		if f := j.LastFailure; f != nil {
+			failure = relative(f.Started.Sub(now)) + " on " + text(f.Instance) + ", " + string(f.Outcome)
+			if f.Err != "" {
+				failure += ": " + text(clip(f.Err, 60))
+			}
+		}
+		t.row(append(cells, failure, skipSummary(j.Skips))...)
+	}
+	t.flush()
+}
+
+// skipSummary sums skips by reason: "other-instance 12, run-in-progress 1".
+func skipSummary(skips []pglock.JobSkips) string {
+	if len(skips) == 0 {
+		return "-"
+	}
+	by := map[pglock.Reason]int64{}
+	var reasons []string
+	for _, s := range skips {
+		if by[s.Reason] == 0 {
+			reasons = append(reasons, string(s.Reason))
+		}
+		by[s.Reason] += s.Count
+	}
+	sort.Strings(reasons)
+	parts := make([]string, len(reasons))
+	for i, r := range reasons {
+		parts[i] = r + " " + strconv.FormatInt(by[pglock.Reason(r)], 10)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// printRuns writes one job's runs, then its skips.
+func printRuns(w io.Writer, runs []pglock.JobRun, skips []pglock.JobSkips, now time.Time) {
+	if len(runs) == 0 {
+		fmt.Fprintln(w, "no runs recorded (within the retention)")
+	} else {
+		t := newTable(w, "STARTED (UTC)", "", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR")
+		for _, r := range runs {
+			t.row(stamp(r.Started), "("+relative(r.Started.Sub(now))+")", text(r.Instance),
+				strconv.FormatInt(r.Token, 10), span(r.Ended.Sub(r.Started)), string(r.Outcome), text(clip(r.Err, 100)))
+		}
+		t.flush()
+	}
+	if len(skips) > 0 {
+		fmt.Fprintln(w)
+		t := newTable(w, "SKIPPED ON", "REASON", "TICKS", "LAST (UTC)", "")
+		for _, s := range skips {
+			t.row(text(s.Instance), string(s.Reason), strconv.FormatInt(s.Count, 10), stamp(s.Last), "("+relative(s.Last.Sub(now))+")")
+		}
+		t.flush()
+	}
+}
+
+// runJSON is a job run in -json output.
+type runJSON struct {
+	Job             string    `json:"job"`
+	Instance        string    `json:"instance"`
+	Owner           string    `json:"owner"`
+	Token           int64     `json:"token"`
+	Started         time.Time `json:"started"`
+	Ended           time.Time `json:"ended"`
+	DurationSeconds float64   `json:"duration_seconds"`
+	Outcome         string    `json:"outcome"`
+	Error           string    `json:"error,omitempty"`
+}
+
+func toRunJSON(r pglock.JobRun) runJSON {
+	return runJSON{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
+		Started: r.Started.UTC(), Ended: r.Ended.UTC(), DurationSeconds: r.Ended.Sub(r.Started).Seconds(),
+		Outcome: string(r.Outcome), Error: r.Err}
+}
+
+type skipJSON struct {
+	Instance string    `json:"instance"`
+	Reason   string    `json:"reason"`
+	Count    int64     `json:"count"`
+	Last     time.Time `json:"last"`
+}
+
+func skipsJSON(skips []pglock.JobSkips) []skipJSON {
+	out := make([]skipJSON, len(skips))
+	for i, s := range skips {
+		out[i] = skipJSON{Instance: s.Instance, Reason: string(s.Reason), Count: s.Count, Last: s.Last.UTC()}
+	}
+	return out
+}
+
+// jobJSON is a job in jobs -json.
+type jobJSON struct {
+	Job         string     `json:"job"`
+	LastRun     *runJSON   `json:"last_run"`     // null when none within the retention
+	LastFailure *runJSON   `json:"last_failure"` // null when none
+	Skips       []skipJSON `json:"skips"`
+}
+
+func toJobJSON(j pglock.JobStatus) jobJSON {
+	out := jobJSON{Job: j.Job, Skips: skipsJSON(j.Skips)}
+	if j.LastRun != nil {
+		r := toRunJSON(*j.LastRun)
+		out.LastRun = &r
+	}
+	if j.LastFailure != nil {
+		r := toRunJSON(*j.LastFailure)
+		out.LastFailure = &r
+	}
+	return out
+}
+
+// jobRunsJSON is jobs JOB -json.
+type jobRunsJSON struct {
+	Job   string     `json:"job"`
+	Runs  []runJSON  `json:"runs"`
+	Skips []skipJSON `json:"skips"`
+}

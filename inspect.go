@@ -1,0 +1,134 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// LockInfo is one lock as the store sees it, on the store's clock (the database's, for
+// the PostgreSQL store): what Client.Locks lists and Client.ForceRelease broke.
+type LockInfo struct {
+	Key string
+	// Owner is the owner id of the last acquisition ("<instance>/<suffix>"), kept
+	// after the lease expired; "" once released (or force-released).
+	Owner string
+	// Instance is the instance-name part of Owner (see WithInstanceName): Owner up to
+	// its last "/", or all of it when it has none.
+	Instance string
+	// Token is the fencing token of the last acquisition.
+	Token int64
+	// Held says a live holder has the key now: not released, not expired.
+	Held bool
+	// ExpiresAt is when the lease ends (or ended: its expiry or its release), on the
+	// store's clock.
+	ExpiresAt time.Time
+	// ExpiresIn is ExpiresAt less the store's now, read in the same statement;
+	// positive while Held, <= 0 once the lease ended.
+	ExpiresIn time.Duration
+	// Waiting says a waiter has marked the held key wanted, so that its release
+	// notifies (PostgreSQL store: the row's wanted_at). The mark stays until the next
+	// release, so it may outlive a waiter that gave up. Always false when not Held,
+	// and on the memory store.
+	Waiting bool
+}
+
+// inspector is a store's capability of listing its locks and breaking one (see
+// Client.Locks and Client.ForceRelease). The PostgreSQL and memory stores have it.
+type inspector interface {
+	// listLocks returns the locks whose key starts with prefix, sorted by key byte by
+	// byte, never nil.
+	listLocks(ctx context.Context, prefix string) ([]LockInfo, error)
+	// forceRelease ends the lease of key's live holder, whoever it is, so that its
+	// renewals are refused and the next acquisition gets a greater token, and returns
+	// the lock as it was just before; Held false (and nothing changed) when no live
+	// holder had key.
+	forceRelease(ctx context.Context, key string) (LockInfo, error)
+}
+
+// Locks lists the locks whose key starts with prefix ("" lists all), sorted by key
+// byte by byte (as Go compares strings), held or not: a key's row stays after its
+// release, with an empty Owner, and after its expiry, with Held false, until Prune
+// deletes it. Every lock is read in one statement, on one reading of the store's
+// clock. prefix is matched as it is: "%" and "_" are no wildcards. It reads only and
+// takes no row lock, so it waits for nobody and nobody waits for it; each call reads
+// every row under prefix (with the PostgreSQL store, it scans the table), so poll it
+// every second or so, not in a tight loop. The result is never nil.
+//
+// ctx bounds the query; when it ends first the error matches ctx.Err(). A prefix that
+// is not valid UTF-8, contains a NUL byte or is longer than MaxKeyLength characters is
+// ErrInvalidArgument. Store errors are "pglock: list locks"-prefixed and wrap the
+// driver's (a missing schema, or one older than this library, says to run Migrate; a
+// role without EXECUTE, what to grant). On a store other than the PostgreSQL and
+// memory stores it returns an error wrapping errors.ErrUnsupported.
+func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
+	if !validText(prefix) {
+		return nil, invalidArg("Locks: prefix %q is not valid UTF-8 or contains a NUL byte", prefix)
+	}
+	if n := utf8.RuneCountInString(prefix); n > MaxKeyLength {
+		return nil, invalidArg("Locks: prefix has %d characters, the most a key has is %d", n, MaxKeyLength)
+	}
+	in, ok := c.store.(inspector)
+	if !ok {
+		return nil, fmt.Errorf("pglock: list locks: %T cannot list its locks: %w", c.store, errors.ErrUnsupported)
+	}
+	return in.listLocks(ctx, prefix)
+}
+
+// ForceRelease breaks the lock on key whoever holds it, on any instance, and returns
+// what it broke (Held true, with the holder's Owner and Token and the lease's
+// ExpiresAt before the break). It is the operator's tool for a holder that is stuck:
+// a healthy holder is better stopped, or left to Release.
+//
+// What follows, on the store's clock: the key is free at once, so the next acquisition
+// (a waiter is woken as by a release) gets a token greater than the broken one; the
+// holder's next renewal is refused, at which the holder's lock is lost
+// (ReasonRefused) and the ctx of the code under it is cancelled, within ttl/3 of the
+// break; a FenceHeld write that runs after the break writes nothing, at once, and a
+// FenceUpdate write with the broken token writes nothing once the new holder wrote
+// its greater token. Until its next renewal the holder still believes it holds the
+// key: only a fence stops a write it makes in between.
+//
+// With the PostgreSQL store the break row-locks the key's row first, so it waits for
+// an acquisition, renewal or release in flight and for an open fenced transaction
+// (FenceHeld) of the holder: such a transaction commits before the break, as the old
+// holder's legitimate write, or it runs after it and writes nothing.
+//
+// ctx bounds the call, the wait for that row lock included; when it ends first the
+// error matches ctx.Err() and nothing is broken. ErrNotHeld (the LockInfo zero) when no
+// live holder has key: free, released, expired or never used. An invalid key is
+// ErrInvalidKey. Store errors are "pglock: force release"-prefixed and wrap the
+// driver's; on a store other than the PostgreSQL and memory stores it returns an error
+// wrapping errors.ErrUnsupported. The break is logged at Warn (key, owner, token).
+func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error) {
+	if err := checkKey(key); err != nil {
+		return LockInfo{}, err
+	}
+	in, ok := c.store.(inspector)
+	if !ok {
+		return LockInfo{}, fmt.Errorf("pglock: force release: %T cannot break a lock: %w", c.store, errors.ErrUnsupported)
+	}
+	info, err := in.forceRelease(ctx, key)
+	if err != nil {
+		return LockInfo{}, err
+	}
+	if !info.Held {
+		return LockInfo{}, fmt.Errorf("%w: %q has no live holder", ErrNotHeld, key)
+	}
+	c.logger.LogAttrs(ctx, slog.LevelWarn, "pglock: lock force-released",
+		slog.String("key", key), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
+	return info, nil
+}
+
+// instanceOf returns the instance-name part of an owner id: up to its last "/" (an
+// instance name may itself hold one, as the default "hostname/pid" does).
+func instanceOf(owner string) string {
+	if i := strings.LastIndexByte(owner, '/'); i >= 0 {
+		return owner[:i]
+	}
+	return owner
+}

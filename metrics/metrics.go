@@ -1,0 +1,218 @@
+// Package pglockmetrics records what a pglock.Client does as OpenTelemetry metrics. It
+// is a package of its own so that the pglock package depends on no telemetry library.
+//
+//	m, err := pglockmetrics.New(meterProvider) // nil: the global one
+//	client, err := pglock.New(pool, pglock.WithEventHandler(m.Handle))
+//	stop := m.Observe(client) // the gauges; call stop after client.Close
+//
+// # Instruments
+//
+// Counters:
+//   - pglock.acquisitions {acquisition}, by outcome: acquired, not_acquired (the key was
+//     held, for the whole wait), canceled (the caller's ctx ended), closed, invalid (bad
+//     input), error (the store's);
+//   - pglock.releases {release};
+//   - pglock.locks.lost {lock}, by reason (pglock.Reason: expired, refused, ...);
+//   - pglock.renewal.failures {call}: renewal calls that failed (a lock is lost only if
+//     they go on failing until its deadline);
+//   - pglock.job.runs {run}, by job and outcome (pglock.Outcome);
+//   - pglock.job.skips {tick}, by job and reason.
+//
+// Histograms, in seconds:
+//   - pglock.acquire.duration: the store call that took a lock;
+//   - pglock.acquire.wait: from an Acquire, TryAcquire or WithLock call to the lock, or
+//     to giving up, by outcome;
+//   - pglock.renewal.duration: one renewal call, which renews every lock of a ttl;
+//   - pglock.job.duration: a job's run, by job.
+//
+// Gauges, from Client.Health: pglock.locks.held {lock}, pglock.elections.led
+// {election}, summed over the observed clients.
+//
+// # Attributes
+//
+// Attributes come from small fixed sets, so that a series never exists per lock: a lock's
+// key is never one. Jobs are named by their key (or gocron job name) because jobs are
+// registered on the client, a few per application.
+package pglockmetrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/pgfence/pglock"
+)
+
+// ScopeName is the name of the meter the instruments belong to.
+const ScopeName = "github.com/pgfence/pglock/metrics"
+
+// Acquisition outcomes: the values of the outcome attribute of pglock.acquisitions and
+// pglock.acquire.wait.
+const (
+	OutcomeAcquired    = "acquired"
+	OutcomeNotAcquired = "not_acquired"
+	OutcomeCanceled    = "canceled"
+	OutcomeClosed      = "closed"
+	OutcomeInvalid     = "invalid"
+	OutcomeError       = "error"
+)
+
+// buckets are the histograms' bounds, in seconds: from a millisecond (a store call on a
+// near database) to ten minutes (a long wait or job run).
+var buckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
+
+// Metrics records pglock's events and health as OpenTelemetry metrics. Its methods are
+// safe for concurrent use.
+type Metrics struct {
+	acquisitions    metric.Int64Counter
+	releases        metric.Int64Counter
+	lost            metric.Int64Counter
+	renewalFailures metric.Int64Counter
+	jobRuns         metric.Int64Counter
+	jobSkips        metric.Int64Counter
+	acquireDuration metric.Float64Histogram
+	acquireWait     metric.Float64Histogram
+	renewalDuration metric.Float64Histogram
+	jobDuration     metric.Float64Histogram
+	held            metric.Int64ObservableGauge
+	led             metric.Int64ObservableGauge
+
+	mu      sync.Mutex
+	clients map[*observed]struct{}
+}
+
+type observed struct{ c *pglock.Client }
+
+// New creates the instruments on a meter of mp (the global MeterProvider when mp is
+// nil). It returns the meter's error when an instrument or the gauges' callback cannot
+// be created.
+func New(mp metric.MeterProvider) (*Metrics, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	meter := mp.Meter(ScopeName)
+	m := &Metrics{clients: make(map[*observed]struct{})}
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
+	}
+	histogram := func(name, desc string) metric.Float64Histogram {
+		h, err := meter.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc),
+			metric.WithExplicitBucketBoundaries(buckets...))
+		errs = append(errs, err)
+		return h
+	}
+	gauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	m.acquisitions = counter("pglock.acquisitions", "{acquisition}", "Lock acquisitions that ended, by outcome.")
+	m.releases = counter("pglock.releases", "{release}", "Locks released.")
+	m.lost = counter("pglock.locks.lost", "{lock}", "Locks lost before their release, by reason.")
+	m.renewalFailures = counter("pglock.renewal.failures", "{call}", "Renewal calls that failed.")
+	m.jobRuns = counter("pglock.job.runs", "{run}", "Job runs, by job and outcome.")
+	m.jobSkips = counter("pglock.job.skips", "{tick}", "Job ticks skipped, by job and reason.")
+	m.acquireDuration = histogram("pglock.acquire.duration", "Latency of the store call that took a lock.")
+	m.acquireWait = histogram("pglock.acquire.wait", "Time from an acquisition call to the lock or to giving up, by outcome.")
+	m.renewalDuration = histogram("pglock.renewal.duration", "Latency of one renewal call.")
+	m.jobDuration = histogram("pglock.job.duration", "Duration of a job's run, by job.")
+	m.held = gauge("pglock.locks.held", "{lock}", "Locks held now.")
+	m.led = gauge("pglock.elections.led", "{election}", "Elections led now.")
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("pglockmetrics: %w", err)
+	}
+	if _, err := meter.RegisterCallback(m.observe, m.held, m.led); err != nil {
+		return nil, fmt.Errorf("pglockmetrics: %w", err)
+	}
+	return m, nil
+}
+
+// Handle records ev. Give it to pglock.WithEventHandler.
+func (m *Metrics) Handle(ev pglock.Event) {
+	ctx := context.Background()
+	switch ev.Type {
+	case pglock.EventAcquired:
+		set := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", OutcomeAcquired)))
+		m.acquisitions.Add(ctx, 1, set)
+		m.acquireWait.Record(ctx, ev.Wait.Seconds(), set)
+		m.acquireDuration.Record(ctx, ev.Duration.Seconds())
+	case pglock.EventAcquireFailed:
+		set := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", acquireOutcome(ev.Err))))
+		m.acquisitions.Add(ctx, 1, set)
+		m.acquireWait.Record(ctx, ev.Wait.Seconds(), set)
+	case pglock.EventReleased:
+		m.releases.Add(ctx, 1)
+	case pglock.EventLost:
+		m.lost.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", string(ev.Reason))))
+	case pglock.EventRenewal:
+		m.renewalDuration.Record(ctx, ev.Duration.Seconds())
+		if ev.Err != nil {
+			m.renewalFailures.Add(ctx, 1)
+		}
+	case pglock.EventJobRan:
+		outcome := string(ev.Outcome)
+		if outcome == "" {
+			outcome = "unknown"
+		}
+		job := attribute.String("job", ev.Key)
+		m.jobRuns.Add(ctx, 1, metric.WithAttributes(job, attribute.String("outcome", outcome)))
+		m.jobDuration.Record(ctx, ev.Duration.Seconds(), metric.WithAttributes(job))
+	case pglock.EventJobSkipped:
+		m.jobSkips.Add(ctx, 1, metric.WithAttributes(attribute.String("job", ev.Key), attribute.String("reason", string(ev.Reason))))
+	}
+}
+
+// acquireOutcome classifies why an acquisition failed.
+func acquireOutcome(err error) string {
+	switch {
+	case errors.Is(err, pglock.ErrNotAcquired):
+		return OutcomeNotAcquired
+	case errors.Is(err, pglock.ErrClosed):
+		return OutcomeClosed
+	case errors.Is(err, pglock.ErrInvalidKey), errors.Is(err, pglock.ErrInvalidArgument):
+		return OutcomeInvalid
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return OutcomeCanceled
+	}
+	return OutcomeError
+}
+
+// Observe adds c to the clients whose Health the gauges read, until stop is called
+// (call it once c is closed; it is safe to call more than once).
+func (m *Metrics) Observe(c *pglock.Client) (stop func()) {
+	o := &observed{c: c}
+	m.mu.Lock()
+	m.clients[o] = struct{}{}
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.clients, o)
+		m.mu.Unlock()
+	}
+}
+
+func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
+	m.mu.Lock()
+	clients := make([]*pglock.Client, 0, len(m.clients))
+	for c := range m.clients {
+		clients = append(clients, c.c)
+	}
+	m.mu.Unlock()
+	var held, led int64
+	for _, c := range clients {
+		h := c.Health()
+		held += int64(h.Held)
+		led += int64(h.Leading)
+	}
+	o.ObserveInt64(m.held, held)
+	o.ObserveInt64(m.led, led)
+	return nil
+}

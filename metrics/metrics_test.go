@@ -1,0 +1,293 @@
+package pglockmetrics_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.uber.org/goleak"
+
+	"github.com/pgfence/pglock"
+	pglockmetrics "github.com/pgfence/pglock/metrics"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// failingStore fails every renewal while failing is set.
+type failingStore struct {
+	pglock.Store
+	failing atomic.Bool
+}
+
+var errDown = errors.New("store down")
+
+func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
+	if s.failing.Load() {
+		return false, errDown
+	}
+	return s.Store.Renew(ctx, key, owner, ttl)
+}
+
+// events counts a client's events, to check the metrics against.
+type events struct {
+	mu   sync.Mutex
+	list []pglock.Event
+}
+
+func (e *events) add(ev pglock.Event) {
+	e.mu.Lock()
+	e.list = append(e.list, ev)
+	e.mu.Unlock()
+}
+
+func (e *events) count(match func(pglock.Event) bool) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var n int64
+	for _, ev := range e.list {
+		if match(ev) {
+			n++
+		}
+	}
+	return n
+}
+
+func receive[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "nothing received in time")
+		var zero T
+		return zero
+	}
+}
+
+// Two instances on the real database acquire, wait, release, lose locks both ways, fail
+// renewals, run and skip a job and lead an election; a ManualReader reads back what the
+// metrics recorded, with bounded attributes only.
+func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { require.NoError(t, mp.Shutdown(context.Background())) })
+	m, err := pglockmetrics.New(mp)
+	require.NoError(t, err)
+
+	pool := pglocktest.Postgres(t)
+	quiet := pglock.WithLogger(discard)
+	var seen events
+	// a is a paused instance: its clock moves only when the test says so.
+	clock := pglocktest.NewManualClock(time.Now())
+	store := &failingStore{Store: pglock.NewPostgresStore(pool)}
+	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(time.Second), pglock.WithClock(clock),
+		pglock.WithEventHandler(m.Handle), pglock.WithEventHandler(seen.add))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = a.Close(context.Background()) })
+	b, err := pglock.NewWithStore(pglock.NewPostgresStore(pool), quiet,
+		pglock.WithEventHandler(m.Handle), pglock.WithEventHandler(seen.add))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	defer m.Observe(a)()
+	defer m.Observe(b)()
+	k1, k2 := t.Name()+":k1", t.Name()+":k2"
+
+	// Lost, expired: a's renewals fail until its deadline.
+	_, err = a.TryAcquire(ctx, k1)
+	require.NoError(t, err)
+	clock.Advance(400 * time.Millisecond) // renewed
+	store.failing.Store(true)
+	clock.Advance(time.Second) // failing renewals, then the deadline
+	store.failing.Store(false)
+
+	// Lost, refused: a pauses, the database expires its lock, b takes it, and a's next
+	// renewal is refused.
+	_, err = a.TryAcquire(ctx, k2)
+	require.NoError(t, err)
+	l, err := b.Acquire(ctx, k2, pglock.Wait(10*time.Second))
+	require.NoError(t, err)
+	clock.Advance(400 * time.Millisecond)
+
+	// Acquisitions that fail, for each reason but closed, and a release.
+	_, err = b.TryAcquire(ctx, k2)
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	_, err = b.Acquire(ctx, k2, pglock.Wait(50*time.Millisecond))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	_, err = b.TryAcquire(ctx, "")
+	require.ErrorIs(t, err, pglock.ErrInvalidKey)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = b.TryAcquire(cancelled, t.Name()+":k3")
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, l.Release(ctx))
+
+	// A job: a run that is skipped on a while b runs it, a run that fails.
+	const job = "reports:nightly"
+	entered, finish := make(chan struct{}), make(chan error)
+	jb, err := b.Job(job, func(context.Context) error {
+		entered <- struct{}{}
+		return <-finish
+	}, pglock.WithoutOverlapping())
+	require.NoError(t, err)
+	ja, err := a.Job(job, func(context.Context) error { return nil }, pglock.WithoutOverlapping())
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- jb.Run(ctx) }()
+	receive(t, entered)
+	require.NoError(t, ja.Run(ctx)) // skipped: b's run is in progress
+	finish <- nil
+	require.NoError(t, receive(t, ran))
+	go func() { ran <- jb.Run(ctx) }()
+	receive(t, entered)
+	finish <- errors.New("report failed")
+	require.Error(t, receive(t, ran))
+
+	// An election b leads.
+	led := make(chan struct{})
+	_, err = b.Elect(t.Name()+":leader", pglock.LeaderCallbacks{OnAcquired: func(context.Context, *pglock.Lock) error {
+		close(led)
+		return nil
+	}})
+	require.NoError(t, err)
+	receive(t, led)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(ctx, &rm))
+	got := read(t, rm)
+	require.Equal(t, map[string]int64{"": 1}, got.gauges["pglock.locks.held"], "the election's lease")
+	require.Equal(t, map[string]int64{"": 1}, got.gauges["pglock.elections.led"])
+
+	require.NoError(t, a.Close(ctx))
+	require.NoError(t, b.Close(ctx)) // hands the lease back: a release
+	require.NoError(t, reader.Collect(ctx, &rm))
+	got = read(t, rm)
+
+	require.Equal(t, map[string]int64{
+		"outcome=acquired":     6, // a: k1, k2; b: k2, two runs, the election
+		"outcome=not_acquired": 3, // b: k2 twice; a: the skipped run
+		"outcome=invalid":      1,
+		"outcome=canceled":     1,
+	}, got.sums["pglock.acquisitions"])
+	require.Equal(t, map[string]int64{"": 4}, got.sums["pglock.releases"], "k2, two runs, the lease")
+	require.Equal(t, map[string]int64{"reason=expired": 1, "reason=refused": 1}, got.sums["pglock.locks.lost"])
+	failures := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal && e.Err != nil })
+	require.Positive(t, failures)
+	require.Equal(t, map[string]int64{"": failures}, got.sums["pglock.renewal.failures"])
+	require.Equal(t, map[string]int64{"job=reports:nightly,reason=run-in-progress": 1}, got.sums["pglock.job.skips"])
+	require.Equal(t, map[string]int64{
+		"job=reports:nightly,outcome=ok":    1,
+		"job=reports:nightly,outcome=error": 1,
+	}, got.sums["pglock.job.runs"])
+
+	require.Equal(t, map[string]uint64{"": 6}, got.counts["pglock.acquire.duration"])
+	require.Equal(t, map[string]uint64{
+		"outcome=acquired": 6, "outcome=not_acquired": 3, "outcome=invalid": 1, "outcome=canceled": 1,
+	}, got.counts["pglock.acquire.wait"])
+	renewals := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal })
+	require.Equal(t, map[string]uint64{"": uint64(renewals)}, got.counts["pglock.renewal.duration"])
+	require.Equal(t, map[string]uint64{"job=reports:nightly": 2}, got.counts["pglock.job.duration"])
+	require.Greater(t, got.waitOver50ms, uint64(0), "the Acquire that waited 50 ms is in a bucket above 25 ms")
+
+	for name, unit := range map[string]string{"pglock.acquire.duration": "s", "pglock.acquire.wait": "s",
+		"pglock.renewal.duration": "s", "pglock.job.duration": "s", "pglock.acquisitions": "{acquisition}",
+		"pglock.locks.held": "{lock}", "pglock.elections.led": "{election}"} {
+		require.Equal(t, unit, got.units[name], name)
+	}
+	// Attributes are bounded: never a lock's key.
+	for _, kv := range got.attributes {
+		require.Contains(t, []attribute.Key{"outcome", "reason", "job"}, kv.Key)
+		require.NotContains(t, kv.Value.String(), t.Name())
+	}
+}
+
+// collected is what a Collect read, by instrument: each data point's value (sums,
+// gauges) or count (histograms), by its attributes as "k=v,k=v".
+type collected struct {
+	sums, gauges map[string]map[string]int64
+	counts       map[string]map[string]uint64
+	units        map[string]string
+	attributes   []attribute.KeyValue
+	waitOver50ms uint64
+}
+
+func read(t *testing.T, rm metricdata.ResourceMetrics) collected {
+	t.Helper()
+	c := collected{sums: map[string]map[string]int64{}, gauges: map[string]map[string]int64{},
+		counts: map[string]map[string]uint64{}, units: map[string]string{}}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, pglockmetrics.ScopeName, sm.Scope.Name)
+		for _, mt := range sm.Metrics {
+			c.units[mt.Name] = mt.Unit
+			switch d := mt.Data.(type) {
+			case metricdata.Sum[int64]:
+				require.True(t, d.IsMonotonic, mt.Name)
+				c.sums[mt.Name] = map[string]int64{}
+				for _, p := range d.DataPoints {
+					c.sums[mt.Name][c.key(p.Attributes)] += p.Value
+				}
+			case metricdata.Gauge[int64]:
+				c.gauges[mt.Name] = map[string]int64{}
+				for _, p := range d.DataPoints {
+					c.gauges[mt.Name][c.key(p.Attributes)] += p.Value
+				}
+			case metricdata.Histogram[float64]:
+				c.counts[mt.Name] = map[string]uint64{}
+				for _, p := range d.DataPoints {
+					c.counts[mt.Name][c.key(p.Attributes)] += p.Count
+					if mt.Name == "pglock.acquire.wait" && p.Attributes.HasValue("outcome") {
+						if v, _ := p.Attributes.Value("outcome"); v.AsString() == pglockmetrics.OutcomeNotAcquired {
+							for i, b := range p.Bounds {
+								if b >= 0.025 {
+									c.waitOver50ms += p.BucketCounts[i+1]
+								}
+							}
+						}
+					}
+				}
+			default:
+				t.Fatalf("%s: unexpected data %T", mt.Name, mt.Data)
+			}
+		}
+	}
+	return c
+}
+
+func (c *collected) key(set attribute.Set) string {
+	kvs := set.ToSlice()
+	c.attributes = append(c.attributes, kvs...)
+	parts := make([]string, len(kvs))
+	for i, kv := range kvs {
+		parts[i] = string(kv.Key) + "=" + kv.Value.String()
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+// The pglock package itself depends on no telemetry library: only this one does.
+func TestPglockImportsNoTelemetry(t *testing.T) {
+	t.Parallel()
+	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", "github.com/pgfence/pglock").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "github.com/jackc/pgx/v5\n")
+	for _, dep := range strings.Fields(string(out)) {
+		require.False(t, strings.HasPrefix(dep, "go.opentelemetry.io/") || strings.HasPrefix(dep, "github.com/prometheus/"), dep)
+	}
+}

@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS pglock.lock_release_async(text, text);
