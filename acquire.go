@@ -24,7 +24,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
-	l, err := c.tryFrom(ctx, key, lc.ttl, start)
+	l, err := c.tryFrom(ctx, key, lc.ttl, start, nil)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
@@ -79,7 +79,7 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	for {
 		if !queued {
 			var l *Lock
-			l, err = c.tryFrom(ctx, key, lc.ttl, start)
+			l, err = c.tryFrom(ctx, key, lc.ttl, start, w)
 			if !errors.Is(err, ErrNotAcquired) {
 				return l, err
 			}
@@ -148,17 +148,32 @@ func (c *Client) lockSettings(key string, call use, callName string, opts []Opti
 
 // try makes one attempt to take key for ttl.
 func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
-	return c.tryFrom(ctx, key, ttl, c.clock.Now())
+	return c.tryFrom(ctx, key, ttl, c.clock.Now(), nil)
 }
 
 // tryFrom is try for a call that began at start: EventAcquired's Wait counts from it.
-func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time) (*Lock, error) {
+// w is the caller's waiter, nil for a single attempt: once it listens (see
+// waiter.marking), an attempt that finds the key held marks it wanted in the same call.
+func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time, w *waiter) (*Lock, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
-	token, ok, err := c.store.Acquire(ctx, key, owner, ttl)
+	var (
+		token int64
+		ok    bool
+		err   error
+	)
+	if marker, wakes, marking := w.marking(); marking {
+		var wanted bool
+		token, ok, wanted, err = marker.acquireOrWant(ctx, key, owner, ttl)
+		if wanted {
+			w.marked(wakes)
+		}
+	} else {
+		token, ok, err = c.store.Acquire(ctx, key, owner, ttl)
+	}
 	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
@@ -216,17 +231,17 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, f
 }
 
 // freeAgain is a waiter's step when marking its key found it free (released in
-// between): try again now, not after the pause. A key can look free and still refuse
+// between): try again soon, not after the pause. Not at once: the release that freed
+// the key notifies when anyone marked the key while it was held, and in a crowd every
+// client's first waiter is then woken and tries anyway, so an attempt of its own now
+// would be a second one for the same release. So it waits for that wake, or 1 ms at
+// most when none comes (no one marked the key). A key can look free and still refuse
 // the acquisition (an expired row that a fenced transaction keeps locked), so each
-// further time in a row waits twice as long, from 1 ms up to limit, on the real clock:
-// it must not spin, and a test's stopped clock must not park a waiter whose key is free.
-// A wake (on wake) ends the wait at once.
+// further time in a row waits twice as long, up to limit, on the real clock: it must
+// not spin, and a test's stopped clock must not park a waiter whose key is free.
 func freeAgain(ctx context.Context, times *int, limit time.Duration, wake <-chan struct{}) error {
 	defer func() { *times++ }()
-	if *times == 0 {
-		return nil
-	}
-	t := time.NewTimer(min(time.Millisecond<<min(*times-1, 20), limit))
+	t := time.NewTimer(min(time.Millisecond<<min(*times, 20), limit))
 	defer t.Stop()
 	select {
 	case <-t.C:

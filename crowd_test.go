@@ -26,6 +26,11 @@ func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.
 	return s.postgresStore.Acquire(ctx, key, owner, ttl)
 }
 
+func (s countingStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
+	s.attempts.Add(1)
+	return s.postgresStore.acquireOrWant(ctx, key, owner, ttl)
+}
+
 // stoppedClock never moves: a waiter on it never polls, so only a release's wake-up
 // can bring it its turn.
 type stoppedClock struct{ t time.Time }
@@ -171,11 +176,10 @@ func TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp(t *testing.T) {
 			n := 10 * cr.clients * cr.waitersEach
 			res := cr.run(ctx, t, big, "crowd/"+t.Name(), n)
 			require.Equal(t, n, res.acquisitions)
-			// One attempt per waiting client and handover, and at most one more when a
-			// loser, marking the key, finds it released again already: bounded by the
-			// clients, whatever the waiters (the head of each client's queue tries, the
-			// others wait their turn).
-			assert.LessOrEqual(t, res.attemptsPerAcquisition(), 2*float64(cr.clients)+1,
+			// About one attempt per client with waiters and handover, whatever the
+			// waiters: the head of each client's queue tries, the others wait their turn,
+			// and a losing attempt marks the key itself.
+			assert.LessOrEqual(t, res.attemptsPerAcquisition(), 1.5*float64(cr.clients)+0.5,
 				"attempts per acquisition with %d clients", cr.clients)
 			t.Logf("%d acquisitions, %.1f attempts each, handover p50 %v p99 %v",
 				res.acquisitions, res.attemptsPerAcquisition(),

@@ -103,10 +103,25 @@ func (w *waiter) want(ctx context.Context) bool {
 	}
 	wanted, err := w.l.marker.markWanted(ctx, w.key)
 	if wanted {
-		w.markedAt.Store(wakes + 1)
+		w.marked(wakes)
 	}
 	return wanted || err != nil // on an error, polling carries on
 }
+
+// marking reports whether the waiter's next attempt should mark the key when it finds
+// it held (wantMarker.acquireOrWant): once it is subscribed, while the listener
+// listens. It returns the marker and the wakes to pass to marked. A nil waiter never
+// marks.
+func (w *waiter) marking() (wantMarker, uint64, bool) {
+	if w == nil || w.ch == nil || !w.l.listening() {
+		return nil, 0, false
+	}
+	return w.l.marker, w.wakes.Load(), true
+}
+
+// marked records that the key's row carries the waiter's mark, set by a call that
+// began when the waiter had been woken wakes times: a wake since voids it.
+func (w *waiter) marked(wakes uint64) { w.markedAt.Store(wakes + 1) }
 
 // join subscribes the waiter behind its client's other waiters of the key, when there
 // are any and the listener listens, and reports whether it did: the waiter then waits

@@ -51,4 +51,9 @@ type HolderReader interface {
 // live holder has the key and the mark is set; false means "try to acquire it now".
 type wantMarker interface {
 	markWanted(ctx context.Context, key string) (wanted bool, err error)
+	// acquireOrWant is Store.Acquire that, when the key is held, marks it wanted in
+	// the same call: wanted reports that it did (the key's release will notify), so
+	// that the waiter parks without a markWanted round trip; acquired and wanted both
+	// false mean "try again now".
+	acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (token int64, acquired, wanted bool, err error)
 }

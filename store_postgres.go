@@ -196,6 +196,17 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 	return token.Int64, token.Valid, nil
 }
 
+func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return 0, false, false, err
+	}
+	var token int64
+	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire_or_want($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
+		return 0, false, false, storeError(err, "acquire %q", key)
+	}
+	return max(token, 0), token > 0, token == 0, nil
+}
+
 func (s *postgresStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
 	if err := checkCall(key, owner, ttl); err != nil {
 		return false, err
