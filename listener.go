@@ -49,8 +49,9 @@ type listener struct {
 	logger *slog.Logger
 
 	// everyWaiter makes every waiter of a key try at its release, as pglock did before
-	// it kept a queue per client: no queue (join, behind), every waiter woken. The crowd
-	// benchmark's baseline, set by tests only.
+	// it kept a queue per client: no queue (join, behind), every waiter woken, and a
+	// losing attempt does not mark the key (marking). The crowd benchmark's baseline,
+	// set by tests only.
 	everyWaiter bool
 
 	mu      sync.Mutex
@@ -113,7 +114,7 @@ func (w *waiter) want(ctx context.Context) bool {
 // listens. It returns the marker and the wakes to pass to marked. A nil waiter never
 // marks.
 func (w *waiter) marking() (wantMarker, uint64, bool) {
-	if w == nil || w.ch == nil || !w.l.listening() {
+	if w == nil || w.ch == nil || w.l.everyWaiter || !w.l.listening() {
 		return nil, 0, false
 	}
 	return w.l.marker, w.wakes.Load(), true
