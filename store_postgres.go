@@ -33,7 +33,10 @@ type Queryer interface {
 // transaction, so at the first statement that meets a missing or duplicate prepared
 // statement, the store sends it again and from then on runs every statement with
 // pgx.QueryExecModeExec (nothing kept on a connection). Straight to PostgreSQL, it
-// keeps the pool's mode and its cost. On a database without the schema, or with one
+// keeps the pool's mode and its cost. A statement that PostgreSQL rolls back with a
+// serialization failure or a deadlock (a pool whose default_transaction_isolation is
+// repeatable read or serializable) is sent again in a READ COMMITTED transaction, up to
+// four tries in all (store_retry.go). On a database without the schema, or with one
 // older than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store.
@@ -42,7 +45,7 @@ func NewPostgresStore(db Queryer) Store {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
 	calls := &pgxCalls{db: db}
-	return &postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }}
+	return retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }}, calls.readCommitted)
 }
 
 // pgxCalls runs the pgx store's statements in the pool's own query mode (by default
@@ -133,7 +136,7 @@ func NewSQLStore(db *sql.DB) Store {
 	if db == nil {
 		return invalidStore(invalidArg("NewSQLStore: nil db"))
 	}
-	return &postgresStore{
+	return retrying(&postgresStore{
 		queryRow: func(ctx context.Context, q string, args ...any) scanner { return db.QueryRowContext(ctx, q, args...) },
 		queryKeys: func(ctx context.Context, q string, args ...any) ([]string, error) {
 			rows, err := db.QueryContext(ctx, q, args...)
@@ -155,7 +158,7 @@ func NewSQLStore(db *sql.DB) Store {
 			return sqlRows(ctx, db, q, args, row)
 		},
 		array: arrayLiteral, // database/sql drivers differ on []string; a literal works with all
-	}
+	}, nil)
 }
 
 type scanner interface{ Scan(dest ...any) error }
