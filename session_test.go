@@ -417,7 +417,7 @@ func TestSessionSerializableDistinctKeysNeverFail(t *testing.T) {
 		wg.Go(func() {
 			key, owner := fmt.Sprintf("session:distinct:%d", g), fmt.Sprintf("owner-%d", g)
 			for range 40 {
-				if _, ok, err := store.Acquire(ctx, key, owner, 50*time.Millisecond); err != nil || !ok {
+				if _, ok, err := store.Acquire(ctx, key, owner, time.Minute); err != nil || !ok {
 					errs <- fmt.Errorf("acquire %s: %v, %v", key, ok, err)
 					return
 				}
