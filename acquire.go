@@ -73,8 +73,8 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	free := 0 // how many times in a row the key looked free
 	// Behind waiters of this client, leave the attempts to the first in line and wait
 	// for a turn; a waiter woken only to mark the key (takeBaton) tries only if the key
-	// is free. See listener.
-	queued := w.join()
+	// is free. See listener. Wait(0) is one attempt: it makes it, queue or not.
+	queued := (!lc.waitSet || lc.wait > 0) && w.join()
 	err := fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	for {
 		if !queued {

@@ -218,3 +218,44 @@ func BenchmarkCrowd(b *testing.B) {
 		}
 	}
 }
+
+// TestWaitZeroTriesBehindAQueue: Wait(0) is one attempt, even when the client already
+// has a waiter parked on the key (which the next release, not a poll, would wake). Here
+// the key's holder dies (its lock expires on the database, no release, no wake-up) while
+// a waiter of the same client is parked on a stopped clock: Acquire with Wait(0) must try
+// and take the now free key, not queue behind the parked waiter and give up untried.
+func TestWaitZeroTriesBehindAQueue(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	ctx := t.Context()
+	clock := stoppedClock{time.Now()}
+	store := NewPostgresStore(pool)
+	holder, err := newClient(store, "New", []Option{WithClock(clock), WithoutListener()})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, holder.Close(context.Background())) }()
+	key := "wait-zero/" + t.Name()
+	_, err = holder.TryAcquire(ctx, key, TTL(300*time.Millisecond)) // never renewed: its clock is stopped
+	require.NoError(t, err)
+
+	c, err := newClient(store, "New", []Option{listenOn(pool.Config().ConnConfig), WithClock(clock)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close(context.Background())) }()
+	parkedCtx, stopParked := context.WithCancel(ctx)
+	parked := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(parkedCtx, key)
+		parked <- err
+	}()
+	require.Eventually(t, func() bool {
+		c.listener.mu.Lock()
+		defer c.listener.mu.Unlock()
+		return c.listener.up && len(c.listener.waiters[key]) == 1
+	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
+
+	time.Sleep(400 * time.Millisecond) // database time: the holder's lock expires, unreleased
+	l, err := c.Acquire(ctx, key, Wait(0))
+	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
+	require.NoError(t, l.Release(ctx))
+	stopParked()
+	require.ErrorIs(t, <-parked, context.Canceled)
+}
