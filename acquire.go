@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgfence/pglock/internal/renewer"
 )
 
@@ -75,9 +77,9 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	// for a turn; a waiter woken only to mark the key (takeBaton) tries only if the key
 	// is free. See listener. Wait(0) is one attempt: it makes it, queue or not.
 	queued := (!lc.waitSet || lc.wait > 0) && w.join()
-	err := fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+	var err error // the last attempt's, nil until one is made
 	for {
-		if !queued {
+		if !queued || lc.waitSet && err == nil && !deadline.After(c.clock.Now()) {
 			var l *Lock
 			l, err = c.tryFrom(ctx, key, lc.ttl, start, w)
 			if !errors.Is(err, ErrNotAcquired) {
@@ -87,13 +89,16 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 		pause := jitter(backoff)
 		if lc.waitSet {
 			left := deadline.Sub(c.clock.Now())
-			if left <= 0 {
-				return nil, err
+			if left <= 0 && err != nil {
+				return nil, err // a queued waiter's deadline made it try once, above
 			}
-			pause = min(pause, left)
+			pause = min(pause, max(left, 0))
 		}
 		backoff = min(backoff*2, maxBackoff)
 		if werr := c.waitTurn(ctx, w, pause, &free); werr != nil {
+			if err == nil {
+				err = fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+			}
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
 		queued = w.takeBaton() || w.behind()
@@ -158,6 +163,9 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
+	if ctx.Err() != nil { // nothing to send, and nothing to hand back
+		return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
+	}
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
 	var (
@@ -177,9 +185,10 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
-		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) {
+		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) {
 			// The statement may have been granted after ctx ended or the link failed:
-			// never leave the key held by an owner nobody knows for a whole ttl.
+			// never leave the key held by an owner nobody knows for a whole ttl. (pgx
+			// marks SafeToRetry an error from before anything was sent.)
 			c.handBack(ctx, key, owner)
 		}
 		return nil, err
@@ -207,8 +216,8 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 		return nil, ErrClosed
 	}
 	c.held[l] = struct{}{}
+	c.renewer.Add(&l.entry, sentAt) // before Close can see the lock held (lock order: c.mu, then the renewer's)
 	c.mu.Unlock()
-	c.renewer.Add(&l.entry, sentAt)
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
 		slog.Int64("token", token), slog.Duration("ttl", ttl))
 	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,

@@ -39,9 +39,9 @@ const (
 // the rest of its waiters stay parked, so the attempts grow with the clients, not
 // with the waiters. The woken waiter tries, and, if it lost, marks the key again for
 // every client (one mark serves all), then parks at the head of the queue. When it
-// leaves the queue (it won, or its ctx ended), the next waiter is woken: it tries once
-// and marks the key, so that the next release notifies even when every waiter was in
-// this client. Waiters of one client are thus served in order; across clients, the
+// leaves the queue (it won, or its ctx ended), the next waiter is woken: it marks the
+// key, and tries only if the key turns out free, so that the next release notifies even
+// when every waiter was in this client. Waiters of one client are thus served in order; across clients, the
 // first attempt to land wins.
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection

@@ -172,15 +172,15 @@ func (m *Metrics) Handle(ev pglock.Event) {
 
 // acquireOutcome classifies why an acquisition failed.
 func acquireOutcome(err error) string {
-	switch {
-	case errors.Is(err, pglock.ErrNotAcquired):
-		return OutcomeNotAcquired
+	switch { // a wait cut short by its ctx wraps ErrNotAcquired too: canceled comes first
 	case errors.Is(err, pglock.ErrClosed):
 		return OutcomeClosed
-	case errors.Is(err, pglock.ErrInvalidKey), errors.Is(err, pglock.ErrInvalidArgument):
-		return OutcomeInvalid
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return OutcomeCanceled
+	case errors.Is(err, pglock.ErrNotAcquired):
+		return OutcomeNotAcquired
+	case errors.Is(err, pglock.ErrInvalidKey), errors.Is(err, pglock.ErrInvalidArgument):
+		return OutcomeInvalid
 	}
 	return OutcomeError
 }

@@ -801,8 +801,9 @@ END $$;
 -- It returns the new fencing token when it took the key; 0 when the key is held and
 -- marked wanted (its release will notify pglock_released); -1 when neither (the key was
 -- released, or changed hands unmarked, in between): try again now. A losing call writes
--- only when it sets the mark, once per holding, as lock_want does. Only for a caller
--- that LISTENs on pglock_released: a mark nobody hears costs the release a NOTIFY.
+-- the mark, once per holding, as lock_want does, and a row lock when it has to wait for
+-- an acquisition in flight; neither is flushed. Only for a caller that LISTENs on
+-- pglock_released: a mark nobody hears costs the release a NOTIFY.
 CREATE OR REPLACE FUNCTION pglock.lock_acquire_or_want(key text, owner text, ttl_ms bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -821,8 +822,11 @@ BEGIN
     -- Lost, yet the key looks free: another caller's acquisition has the row locked and
     -- has not committed yet (its flush takes a while on a busy server). Wait for it, then
     -- mark the key it took. Without the wait, a crowd's losers took the key for free,
-    -- tried again, and lost again, several times a handover.
-    PERFORM FROM pglock.locks l WHERE l.key = lock_acquire_or_want.key FOR KEY SHARE;
+    -- tried again, and lost again, several times a handover. FOR NO KEY UPDATE, not a
+    -- shared lock: the losers of one handover then wait in turn, each holding the row
+    -- alone, rather than pile up as one MultiXact of shared lockers per loser; it does
+    -- not conflict with a fenced transaction's FOR KEY SHARE.
+    PERFORM FROM pglock.locks l WHERE l.key = lock_acquire_or_want.key FOR NO KEY UPDATE;
     IF pglock.lock_want(lock_acquire_or_want.key) THEN
         RETURN 0;
     END IF;
