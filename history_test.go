@@ -288,13 +288,26 @@ func TestJobRunHistoryCloseFlushesPendingRecords(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	job := t.Name()
 	c := historyClient(t, pool, "i")
-	j, err := c.Job(job, func(context.Context) error { return nil }, pglock.OnOneInstance())
+	// WithoutOverlapping alone: no lease for Close to keep a second after the last run.
+	j, err := c.Job(job, func(context.Context) error { return nil }, pglock.WithoutOverlapping())
+	require.NoError(t, err)
+	// The writer is held up by a table lock, so that the runs are still pending when
+	// Close comes: it must wait for them, not drop them.
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(context.WithoutCancel(ctx)) }() // on a failure too, or the pool never closes
+	_, err = blocker.Exec(ctx, "LOCK TABLE pglock.job_runs IN EXCLUSIVE MODE")
 	require.NoError(t, err)
 	const n = 50
 	for range n {
 		require.NoError(t, j.Run(ctx))
 	}
-	require.NoError(t, c.Close(ctx))
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close(ctx) }()
+	require.Never(t, func() bool { return len(closed) > 0 }, 200*time.Millisecond, 10*time.Millisecond,
+		"Close waits for the pending runs")
+	require.NoError(t, blocker.Rollback(ctx))
+	require.NoError(t, <-closed)
 	require.Equal(t, n, runRows(t, pool, job))
 
 	gone, err := pglock.New(pool, quiet)
