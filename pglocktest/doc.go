@@ -6,7 +6,9 @@
 // dropped when the test ends; PostgresURL returns the database's URL instead, for code
 // that opens its own connections, and Pool opens another pool on it, for a second
 // instance of an application. Tests never share a database, so they may run in
-// parallel.
+// parallel. Each database is copied from a template that is migrated once per server
+// and schema version (CREATE DATABASE … TEMPLATE), so a test costs a copy, not a
+// migration.
 //
 // The server is the one in PGLOCK_TEST_DATABASE_URL (DatabaseURLEnv) when it is set,
 // else the one the libpq defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if
