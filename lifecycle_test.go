@@ -374,3 +374,29 @@ func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, l.Held())
 }
+
+// A lock's first deadline counts from when its acquisition was sent, not from when the
+// reply came: the database started the ttl somewhere between the two. A reply that took
+// half the ttl leaves the holder the other part of it, less a tenth, not a whole ttl
+// more.
+func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	clock := pglocktest.NewManualClock(time.Now())
+	const ttl = time.Minute
+	store := &failingStore{Store: &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl / 2}}
+	store.failing.Store(true) // no renewal is ever confirmed: the first deadline is the only one
+	c := newClient(t, store, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
+	sent := clock.Now()
+	l, err := c.TryAcquire(t.Context(), "k") // replied to at sent + ttl/2
+	require.NoError(t, err)
+
+	deadline := sent.Add(ttl - ttl/10)
+	clock.Advance(deadline.Sub(clock.Now()) - time.Millisecond)
+	require.True(t, l.Held(), "lost before its deadline")
+	clock.Advance(time.Millisecond)
+	require.False(t, l.Held(), "still held at the send + ttl less a tenth: its deadline counted from the reply")
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(l.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+}
