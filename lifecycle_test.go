@@ -400,3 +400,40 @@ func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
 	require.Equal(t, pglock.ReasonExpired, lost.Reason)
 }
+
+// stalledClock is the real clock for a process whose timers do not fire: a holder
+// paused, or starved of CPU, so that its renewer has not run since.
+type stalledClock struct{}
+
+func (stalledClock) Now() time.Time { return time.Now() }
+
+func (stalledClock) AfterFunc(time.Duration, func()) pglock.Timer { return stalledTimer{} }
+
+type stalledTimer struct{}
+
+func (stalledTimer) Stop() bool { return true }
+
+// A holder paused past its lease is told, when WithLock's release finds the lock gone,
+// that it lost it, even when the release's first call failed (its pooled connection's
+// backend was terminated) and the second found nothing.
+func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, url, 1) // the release goes out on the connection fn's pause broke
+	direct := pglocktest.Pool(t, url, 2)
+	const ttl = 200 * time.Millisecond
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
+	err := c.WithLock(t.Context(), "k", func(ctx context.Context) error {
+		var pid int
+		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+			return err
+		}
+		time.Sleep(2 * ttl) // database time: the lease expires while the holder is paused
+		return nil
+	})
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, err, &lost)
+}

@@ -309,7 +309,7 @@ func (c *Client) handBack(ctx context.Context, key, owner string) {
 	c.mu.Lock()
 	if c.handed {
 		c.mu.Unlock()
-		_, _ = c.releaseDetached(ctx, key, owner)
+		_, _, _ = c.releaseDetached(ctx, key, owner)
 		return
 	}
 	c.handing.Add(1)
@@ -317,7 +317,7 @@ func (c *Client) handBack(ctx context.Context, key, owner string) {
 	go func() {
 		defer c.handing.Done()
 		for i := 0; ; i++ {
-			if ok, _ := c.releaseDetached(ctx, key, owner); ok || i == len(handBackRetries) {
+			if ok, _, _ := c.releaseDetached(ctx, key, owner); ok || i == len(handBackRetries) {
 				return
 			}
 			t := time.NewTimer(handBackRetries[i])
@@ -325,7 +325,7 @@ func (c *Client) handBack(ctx context.Context, key, owner string) {
 			case <-t.C:
 			case <-c.closing:
 				t.Stop()
-				_, _ = c.releaseDetached(ctx, key, owner)
+				_, _, _ = c.releaseDetached(ctx, key, owner)
 				return
 			}
 		}
@@ -360,16 +360,18 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // releaseDetached hands key back for owner on a detached context. A failed call is
 // tried once more: a pooled connection whose backend was terminated fails its next
 // statement, and a lock left to expire would hold up the next holder for a whole ttl.
-func (c *Client) releaseDetached(ctx context.Context, key, owner string) (bool, error) {
+// released reports whether a call found the lock held by owner and released it; unsure,
+// that the first call failed and the second found nothing: the first may have released
+// it before failing, or the lock was gone already.
+func (c *Client) releaseDetached(ctx context.Context, key, owner string) (released, unsure bool, err error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
 	ok, err := c.store.Release(ctx, key, owner)
 	if err == nil || ctx.Err() != nil {
-		return ok, err
+		return ok, false, err
 	}
-	if _, err := c.store.Release(ctx, key, owner); err != nil {
-		return false, err
+	if ok, err = c.store.Release(ctx, key, owner); err != nil {
+		return false, false, err
 	}
-	// The first call may have released it before failing; either way it is not ours now.
-	return true, nil
+	return ok, !ok, nil
 }
