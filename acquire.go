@@ -38,8 +38,9 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
 // is one attempt), or until ctx ends. With a listener (a client of New, see
 // WithoutListener), the key's release wakes it at once. Close ends the wait with
-// ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
-// ctx ended, ctx's cause too). Other errors are TryAcquire's.
+// ErrClosed. A key that stays held returns an error matching ErrNotAcquired; so does
+// ctx's end, during a pause or an attempt, and the error matches ctx's cause too.
+// Other errors are TryAcquire's.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
@@ -82,6 +83,11 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 		if !queued || lc.waitSet && err == nil && !deadline.After(c.clock.Now()) {
 			var l *Lock
 			l, err = c.tryFrom(ctx, key, lc.ttl, start, w)
+			if err != nil && ctx.Err() != nil && !errors.Is(err, ErrClosed) {
+				// ctx ended during the attempt (or just before it): the caller gave up
+				// waiting, as when it ends during a pause.
+				return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
+			}
 			if !errors.Is(err, ErrNotAcquired) {
 				return l, err
 			}
