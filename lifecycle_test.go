@@ -437,3 +437,98 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
 }
+
+// Close, while it waits for a WithLock function that ignores its ctx, still loses each
+// of the client's other locks at its own deadline when their renewals hang, before the
+// database could give the key away.
+func TestCloseWaitingForASectionStillLosesOtherLocksAtTheirDeadline(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 3)
+	direct := pglocktest.Pool(t, url, 2)
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(30*time.Second))
+	require.NoError(t, err)
+
+	short, err := a.TryAcquire(t.Context(), "short", pglock.TTL(2*time.Second))
+	require.NoError(t, err)
+	cancelledAt := make(chan time.Time, 1)
+	context.AfterFunc(short.Context(), func() { cancelledAt <- time.Now() })
+	inside, finish := make(chan struct{}), make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- a.WithLock(context.Background(), "section", func(ctx context.Context) error {
+			close(inside)
+			await(t, finish) // ignores its ctx
+			return nil
+		})
+	}()
+	receive(t, inside)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+
+	var expiresAt time.Time
+	require.NoError(t, direct.QueryRow(t.Context(),
+		"SELECT expires_at FROM pglock.locks WHERE key = 'short'").Scan(&expiresAt))
+	proxy.Blackhole() // from now on nothing answers: the short lock's renewals hang
+	defer proxy.Restore()
+
+	at := receive(t, cancelledAt)
+	require.True(t, at.Before(expiresAt), "the short lock's ctx was cancelled %v after the database expired it",
+		at.Sub(expiresAt))
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(short.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the function did", err)
+	default:
+	}
+	proxy.Restore()
+	close(finish)
+	require.NoError(t, receive(t, result))
+	require.NoError(t, receive(t, closed))
+}
+
+// Close on a silent link, once its section has returned, releases the client's bare
+// locks one after the other, each release hanging until its timeout: every lock's ctx
+// is still cancelled before the database expires it, by Close (ErrClosed) or, for those
+// it has not reached yet, by its own deadline (a *LockLostError).
+func TestCloseOnASilentLinkCancelsEveryBareLockBeforeItsExpiry(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 4)
+	direct := pglocktest.Pool(t, url, 2)
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(2*time.Second))
+	require.NoError(t, err)
+	type watched struct {
+		key       string
+		cancelled chan time.Time
+		expires   time.Time
+		l         *pglock.Lock
+	}
+	var locks []watched
+	for _, key := range []string{"a", "b", "c"} {
+		l, err := a.TryAcquire(t.Context(), key)
+		require.NoError(t, err)
+		w := watched{key: key, cancelled: make(chan time.Time, 1), l: l}
+		context.AfterFunc(l.Context(), func() { w.cancelled <- time.Now() })
+		locks = append(locks, w)
+	}
+	for i := range locks {
+		require.NoError(t, direct.QueryRow(t.Context(),
+			"SELECT expires_at FROM pglock.locks WHERE key = $1", locks[i].key).Scan(&locks[i].expires))
+	}
+	proxy.Blackhole()
+	defer proxy.Restore()
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+	for _, w := range locks {
+		at := receive(t, w.cancelled)
+		require.True(t, at.Before(w.expires), "%q's ctx was cancelled %v after the database expired it (cause %v)",
+			w.key, at.Sub(w.expires), context.Cause(w.l.Context()))
+		t.Logf("%q cancelled %v before its expiry: %v", w.key, w.expires.Sub(at).Round(time.Millisecond),
+			context.Cause(w.l.Context()))
+	}
+	proxy.Restore()
+	receive(t, closed) // its releases' errors: the link was silent
+}
