@@ -337,7 +337,6 @@ type handBacks struct {
 type handBackID struct{ key, owner string }
 
 type handBack struct {
-	ttl   time.Duration
 	tries int       // release calls made
 	next  time.Time // when the next is due, on the real clock
 }
@@ -375,7 +374,7 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 			slog.String("key", key), slog.String("owner", owner), slog.Duration("ttl", ttl))
 		return
 	}
-	h.pending[id] = &handBack{ttl: ttl, next: time.Now()}
+	h.pending[id] = &handBack{next: time.Now()}
 	if h.idle == nil {
 		h.idle = make(chan struct{})
 		go h.run(h.idle)
