@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"time"
 
@@ -243,12 +244,14 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 
 // mayHaveReached reports whether a store call that failed with err may have reached the
 // server: not bad input, not an error pgx marks as from before anything was sent
-// (SafeToRetry), and not a connection that could not be made (*pgconn.ConnectError),
-// which is what an unreachable database gives every call.
+// (SafeToRetry), and not a connection that could not be made (pgx's
+// *pgconn.ConnectError, or a failed dial from another driver), which is what an
+// unreachable database gives every call.
 func mayHaveReached(err error) bool {
 	var connect *pgconn.ConnectError
+	var op *net.OpError
 	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) &&
-		!errors.As(err, &connect)
+		!errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a

@@ -6,6 +6,7 @@ package pglock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"net"
 	"runtime"
@@ -15,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -51,28 +52,47 @@ func closedPort(t *testing.T) string {
 }
 
 // An acquisition whose connection could not even be made reached no server: there is
-// nothing to hand back, and no connection attempt is made for it later.
+// nothing to hand back, and no connection attempt is made for it later. With pgx, and
+// with lib/pq through database/sql.
 func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
 	t.Parallel()
 	host, port, err := net.SplitHostPort(closedPort(t))
 	require.NoError(t, err)
-	pool, err := pgxpool.New(t.Context(), "postgres://postgres@"+host+":"+port+"/postgres?sslmode=disable&connect_timeout=2")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	store := &releaseCounter{Store: pglock.NewPostgresStore(pool)}
-	c, err := pglock.NewWithStore(store, quiet)
-	require.NoError(t, err)
-	before := runtime.NumGoroutine()
+	url := "postgres://postgres@" + host + ":" + port + "/postgres?sslmode=disable&connect_timeout=2"
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) pglock.Store
+	}{
+		{"Pgx", func(t *testing.T) pglock.Store {
+			pool, err := pgxpool.New(t.Context(), url)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			return pglock.NewPostgresStore(pool)
+		}},
+		{"LibPQ", func(t *testing.T) pglock.Store {
+			db, err := sql.Open("postgres", url)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, db.Close()) })
+			return pglock.NewSQLStore(db)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &releaseCounter{Store: tc.store(t)}
+			c, err := pglock.NewWithStore(store, quiet)
+			require.NoError(t, err)
+			before := runtime.NumGoroutine()
 
-	for i := range 20 {
-		_, err := c.TryAcquire(t.Context(), "k"+strconv.Itoa(i))
-		var connect *pgconn.ConnectError
-		require.ErrorAs(t, err, &connect)
+			for i := range 20 {
+				_, err := c.TryAcquire(t.Context(), "k"+strconv.Itoa(i))
+				require.Error(t, err)
+				require.NotErrorIs(t, err, pglock.ErrNotAcquired)
+			}
+			after := runtime.NumGoroutine()
+			require.NoError(t, c.Close(t.Context()))
+			require.Zero(t, store.calls.Load(), "releases for acquisitions that never reached a server")
+			require.LessOrEqual(t, after-before, 2, "goroutines left behind by 20 failed attempts")
+		})
 	}
-	after := runtime.NumGoroutine()
-	require.NoError(t, c.Close(t.Context()))
-	require.Zero(t, store.calls.Load(), "releases for acquisitions that never reached a server")
-	require.LessOrEqual(t, after-before, 2, "goroutines left behind by 20 failed attempts")
 }
 
 // Hand-backs are bounded for the whole client: one release call at a time, however many
