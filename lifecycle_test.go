@@ -419,11 +419,19 @@ func (stalledTimer) Stop() bool { return true }
 func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)
-	pool := pglocktest.Pool(t, url, 1) // the release goes out on the connection fn's pause broke
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // the release goes out on the connection fn's pause broke
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	direct := pglocktest.Pool(t, url, 2)
-	const ttl = 200 * time.Millisecond
+	const ttl = time.Second
 	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
-	err := c.WithLock(t.Context(), "k", func(ctx context.Context) error {
+	ran := false
+	err = c.WithLock(t.Context(), "k", func(ctx context.Context) error { // Wait(0): no pause on a stalled clock
+		ran = true
 		var pid int
 		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			return err
@@ -431,9 +439,10 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 			return err
 		}
-		time.Sleep(2 * ttl) // database time: the lease expires while the holder is paused
+		time.Sleep(ttl + ttl/5) // database time: the lease expires while the holder is paused
 		return nil
-	})
+	}, pglock.Wait(0))
+	require.True(t, ran, "not acquired: %v", err)
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
 }
