@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"time"
 
@@ -20,6 +21,17 @@ import (
 // lock's ttl, so late that the lock cannot be trusted; it is handed back), ErrInvalidKey or ErrInvalidArgument for bad input,
 // ErrClosed after Close, or the store's error. ctx bounds the store call only; the
 // lock's own lifetime is Lock.Context.
+//
+// When the call fails after it may have reached the server (ctx ended with the
+// statement in flight, the link broke), the client releases in the background what the
+// server may have granted, rather than leave the key to an owner nobody knows for a
+// whole ttl. A connection that could not be made reached no server: nothing is handed
+// back. Hand-backs are bounded for the whole client: one goroutine makes one release
+// call at a time; each failed acquisition is released up to 5 times over about 2.6 s
+// while nothing is found; at most 1024 wait (past that, the key expires after its
+// ttl); a failed release call pauses them all, doubling up to 2 s, so an unreachable
+// database sees about one connection attempt every 2 s from them. Close gives each one
+// last release, stops at the first failed call, and waits, bounded by its ctx.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useTry, "TryAcquire", opts)
@@ -38,8 +50,9 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
 // is one attempt), or until ctx ends. With a listener (a client of New, see
 // WithoutListener), the key's release wakes it at once. Close ends the wait with
-// ErrClosed. A key that stays held returns an error matching ErrNotAcquired (and, when
-// ctx ended, ctx's cause too). Other errors are TryAcquire's.
+// ErrClosed. A key that stays held returns an error matching ErrNotAcquired; so does
+// ctx's end, during a pause or an attempt, and the error matches ctx's cause too.
+// Other errors are TryAcquire's.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
@@ -82,6 +95,11 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 		if !queued || lc.waitSet && err == nil && !deadline.After(c.clock.Now()) {
 			var l *Lock
 			l, err = c.tryFrom(ctx, key, lc.ttl, start, w)
+			if err != nil && ctx.Err() != nil && !errors.Is(err, ErrClosed) {
+				// ctx ended during the attempt (or just before it): the caller gave up
+				// waiting, as when it ends during a pause.
+				return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
+			}
 			if !errors.Is(err, ErrNotAcquired) {
 				return l, err
 			}
@@ -185,23 +203,22 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
-		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) {
+		if mayHaveReached(err) {
 			// The statement may have been granted after ctx ended or the link failed:
-			// never leave the key held by an owner nobody knows for a whole ttl. (pgx
-			// marks SafeToRetry an error from before anything was sent.)
-			c.handBack(ctx, key, owner)
+			// never leave the key held by an owner nobody knows for a whole ttl.
+			c.undoAcquire(key, owner, ttl)
 		}
 		return nil, err
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	case token <= 0:
 		// Hand it back rather than hold a lock that cannot fence anything.
-		c.handBack(ctx, key, owner)
+		c.undoAcquire(key, owner, ttl)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
 	case !repliedAt.Before(renewer.Deadline(sentAt, ttl)):
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
-		c.handBack(ctx, key, owner)
+		c.undoAcquire(key, owner, ttl)
 		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
 	}
 	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
@@ -211,7 +228,7 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		c.handBack(ctx, key, owner)
+		c.undoAcquire(key, owner, ttl)
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
@@ -223,6 +240,18 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,
 		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil
+}
+
+// mayHaveReached reports whether a store call that failed with err may have reached the
+// server: not bad input, not an error pgx marks as from before anything was sent
+// (SafeToRetry), and not a connection that could not be made (pgx's
+// *pgconn.ConnectError, or a failed dial from another driver), which is what an
+// unreachable database gives every call.
+func mayHaveReached(err error) bool {
+	var connect *pgconn.ConnectError
+	var op *net.OpError
+	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) &&
+		!errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a

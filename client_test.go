@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -299,6 +300,26 @@ func TestAcquireGivesUpAfterWaitOrCtx(t *testing.T) {
 	_, err = b.Acquire(t.Context(), "k", pglock.Wait(0))
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)
 
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = b.Acquire(ctx, "k")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// An Acquire whose ctx ends while an attempt is on the wire gives up as one whose ctx
+// ends between attempts: the key was not taken, for ctx's reason. (Under load the
+// pause before an attempt can end on ctx's deadline just as well.)
+func TestAcquireWhoseCtxEndsDuringAnAttemptIsNotAcquired(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 1)
+	a := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 2)), quiet)
+	b := newClient(t, pglock.NewPostgresStore(slow), quiet)
+	_, err := a.TryAcquire(t.Context(), "k")
+	require.NoError(t, err)
+
+	proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond) // every reply comes after ctx's end
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	_, err = b.Acquire(ctx, "k")

@@ -172,7 +172,7 @@ func (e *Election) campaign() (*Lock, error) {
 // ended because OnAcquired failed.
 func (e *Election) lead(l *Lock) (failed bool) {
 	if e.ctx.Err() != nil { // ended while campaigning: never led
-		e.handBack(l)
+		e.releaseLease(l)
 		return false
 	}
 	ctx, cancel := context.WithCancelCause(l.Context())
@@ -228,13 +228,13 @@ func (e *Election) lead(l *Lock) (failed bool) {
 	e.c.logger.Info("pglock: stepped down", append(attrs, slog.Any("err", cause))...)
 	e.c.emit(EventLeadershipLost, e.key, l, reason, cause)
 	if lost == nil {
-		e.handBack(l)
+		e.releaseLease(l)
 	}
 	return failed
 }
 
-// handBack releases the lease (Release is detached from e.ctx's cancellation).
-func (e *Election) handBack(l *Lock) {
+// releaseLease releases the lease, logging a failure (Release is detached from e.ctx's cancellation).
+func (e *Election) releaseLease(l *Lock) {
 	if err := l.Release(e.ctx); err != nil {
 		e.c.logger.Warn("pglock: lease not handed back; it expires after its ttl", slog.String("key", e.key),
 			slog.Int64("token", l.Token()), slog.Any("err", err))

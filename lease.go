@@ -74,11 +74,11 @@ func (s *lease) ran() {
 	s.mu.Unlock()
 }
 
-// handBack gives the lease back at Close. A lease whose last run started less than a
+// releaseAtClose gives the lease back at Close. A lease whose last run started less than a
 // second ago, on the client's clock, is kept for the rest of that second, so that
 // instances firing the same tick a moment later skip it rather than run it again.
 // ctx bounds that wait; the release runs detached from ctx's cancellation.
-func (s *lease) handBack(ctx context.Context) error {
+func (s *lease) releaseAtClose(ctx context.Context) error {
 	s.mu.Lock()
 	l, ranAt := s.lock, s.ranAt
 	s.mu.Unlock()
@@ -161,7 +161,7 @@ func shutdown(ctx context.Context, r *runs, leases ...*lease) error {
 		if s == nil {
 			continue
 		}
-		if err := s.handBack(ctx); err != nil {
+		if err := s.releaseAtClose(ctx); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}

@@ -374,3 +374,170 @@ func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, l.Held())
 }
+
+// A lock's first deadline counts from when its acquisition was sent, not from when the
+// reply came: the database started the ttl somewhere between the two. A reply that took
+// half the ttl leaves the holder the other part of it, less a tenth, not a whole ttl
+// more.
+func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	clock := pglocktest.NewManualClock(time.Now())
+	const ttl = time.Minute
+	store := &failingStore{Store: &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl / 2}}
+	store.failing.Store(true) // no renewal is ever confirmed: the first deadline is the only one
+	c := newClient(t, store, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
+	sent := clock.Now()
+	l, err := c.TryAcquire(t.Context(), "k") // replied to at sent + ttl/2
+	require.NoError(t, err)
+
+	deadline := sent.Add(ttl - ttl/10)
+	clock.Advance(deadline.Sub(clock.Now()) - time.Millisecond)
+	require.True(t, l.Held(), "lost before its deadline")
+	clock.Advance(time.Millisecond)
+	require.False(t, l.Held(), "still held at the send + ttl less a tenth: its deadline counted from the reply")
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(l.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+}
+
+// stalledClock is the real clock for a process whose timers do not fire: a holder
+// paused, or starved of CPU, so that its renewer has not run since.
+type stalledClock struct{}
+
+func (stalledClock) Now() time.Time { return time.Now() }
+
+func (stalledClock) AfterFunc(time.Duration, func()) pglock.Timer { return stalledTimer{} }
+
+type stalledTimer struct{}
+
+func (stalledTimer) Stop() bool { return true }
+
+// A holder paused past its lease is told, when WithLock's release finds the lock gone,
+// that it lost it, even when the release's first call failed (its pooled connection's
+// backend was terminated) and the second found nothing.
+func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // the release goes out on the connection fn's pause broke
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	direct := pglocktest.Pool(t, url, 2)
+	const ttl = time.Second
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
+	ran := false
+	err = c.WithLock(t.Context(), "k", func(ctx context.Context) error { // Wait(0): no pause on a stalled clock
+		ran = true
+		var pid int
+		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+			return err
+		}
+		time.Sleep(ttl + ttl/5) // database time: the lease expires while the holder is paused
+		return nil
+	}, pglock.Wait(0))
+	require.True(t, ran, "not acquired: %v", err)
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, err, &lost)
+}
+
+// Close, while it waits for a WithLock function that ignores its ctx, still loses each
+// of the client's other locks at its own deadline when their renewals hang, before the
+// database could give the key away.
+func TestCloseWaitingForASectionStillLosesOtherLocksAtTheirDeadline(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 3)
+	direct := pglocktest.Pool(t, url, 2)
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(30*time.Second))
+	require.NoError(t, err)
+
+	short, err := a.TryAcquire(t.Context(), "short", pglock.TTL(2*time.Second))
+	require.NoError(t, err)
+	cancelledAt := make(chan time.Time, 1)
+	context.AfterFunc(short.Context(), func() { cancelledAt <- time.Now() })
+	inside, finish := make(chan struct{}), make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		result <- a.WithLock(context.Background(), "section", func(ctx context.Context) error {
+			close(inside)
+			await(t, finish) // ignores its ctx
+			return nil
+		})
+	}()
+	receive(t, inside)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+
+	var expiresAt time.Time
+	require.NoError(t, direct.QueryRow(t.Context(),
+		"SELECT expires_at FROM pglock.locks WHERE key = 'short'").Scan(&expiresAt))
+	proxy.Blackhole() // from now on nothing answers: the short lock's renewals hang
+	defer proxy.Restore()
+
+	at := receive(t, cancelledAt)
+	require.True(t, at.Before(expiresAt), "the short lock's ctx was cancelled %v after the database expired it",
+		at.Sub(expiresAt))
+	var lost *pglock.LockLostError
+	require.ErrorAs(t, context.Cause(short.Context()), &lost)
+	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the function did", err)
+	default:
+	}
+	proxy.Restore()
+	close(finish)
+	require.NoError(t, receive(t, result))
+	require.NoError(t, receive(t, closed))
+}
+
+// Close on a silent link, once its section has returned, releases the client's bare
+// locks one after the other, each release hanging until its timeout: every lock's ctx
+// is still cancelled before the database expires it, by Close (ErrClosed) or, for those
+// it has not reached yet, by its own deadline (a *LockLostError).
+func TestCloseOnASilentLinkCancelsEveryBareLockBeforeItsExpiry(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	silent, proxy := proxiedPool(t, url, 4)
+	direct := pglocktest.Pool(t, url, 2)
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(2*time.Second))
+	require.NoError(t, err)
+	type watched struct {
+		key       string
+		cancelled chan time.Time
+		expires   time.Time
+		l         *pglock.Lock
+	}
+	var locks []watched
+	for _, key := range []string{"a", "b", "c"} {
+		l, err := a.TryAcquire(t.Context(), key)
+		require.NoError(t, err)
+		w := watched{key: key, cancelled: make(chan time.Time, 1), l: l}
+		context.AfterFunc(l.Context(), func() { w.cancelled <- time.Now() })
+		locks = append(locks, w)
+	}
+	for i := range locks {
+		require.NoError(t, direct.QueryRow(t.Context(),
+			"SELECT expires_at FROM pglock.locks WHERE key = $1", locks[i].key).Scan(&locks[i].expires))
+	}
+	proxy.Blackhole()
+	defer proxy.Restore()
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close(context.Background()) }()
+	for _, w := range locks {
+		at := receive(t, w.cancelled)
+		require.True(t, at.Before(w.expires), "%q's ctx was cancelled %v after the database expired it (cause %v)",
+			w.key, at.Sub(w.expires), context.Cause(w.l.Context()))
+		t.Logf("%q cancelled %v before its expiry: %v", w.key, w.expires.Sub(at).Round(time.Millisecond),
+			context.Cause(w.l.Context()))
+	}
+	proxy.Restore()
+	receive(t, closed) // its releases' errors: the link was silent
+}

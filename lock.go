@@ -74,6 +74,9 @@ func (l *Lock) Release(ctx context.Context) error {
 
 	c := l.c
 	c.forget(l)
+	// Past its deadline (a holder paused, its renewer not yet run), a release that finds
+	// nothing means the lock was lost before, not that an earlier call released it.
+	live := c.renewer.Live(&l.entry)
 	held, reason := c.renewer.Remove(&l.entry)
 	var err error
 	if !held { // the renewer found it lost a moment ago
@@ -81,11 +84,11 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.cancel(err)
 	} else {
 		l.cancel(context.Canceled)
-		ok, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
+		ok, unsure, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
 		switch {
 		case serr != nil:
 			err = serr
-		case !ok:
+		case !ok && (!unsure || !live):
 			err = &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
 		default:
 			c.logger.Debug("pglock: released lock", slog.String("key", l.entry.Key),

@@ -38,9 +38,8 @@ type Client struct {
 	sections map[*section]struct{} // code running under a lock: WithLock functions, job runs
 	keys     map[string]string     // registered job and election keys: what each one is
 	closers  []func(ctx context.Context) error
-	handing  sync.WaitGroup // hand-backs of failed acquisitions, in the background
-	handed   bool           // Close no longer waits for them: they run in the caller
-	closing  chan struct{}  // closed when Close begins
+
+	handBacks *handBacks // releases of what failed acquisitions may have been granted
 }
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
@@ -94,7 +93,6 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		events:   newEvents(cfg.onEvent, cfg.logger),
 		held:     make(map[*Lock]struct{}),
 		sections: make(map[*section]struct{}),
-		closing:  make(chan struct{}),
 		keys:     make(map[string]string),
 	}
 	if cfg.listenOverride != nil {
@@ -103,6 +101,7 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 	if cfg.noListen {
 		cfg.listen = nil
 	}
+	c.handBacks = newHandBacks(store, cfg.logger)
 	c.listener = newListener(cfg.listen, store, cfg.logger)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.onClose(c.listener.close)
@@ -241,7 +240,8 @@ func (c *Client) onClose(f func(ctx context.Context) error) {
 // lease is kept for the rest of the second after its last run started: see Job).
 // Locks the caller took with TryAcquire or Acquire and still holds have their Context
 // cancelled with ErrClosed and are released. Then it stops its renewer and delivers the
-// events still queued.
+// events still queued. Before that, the releases of failed acquisitions still pending
+// are made once more and stopped (see TryAcquire).
 //
 // Store calls run on a context detached from ctx's cancellation, with a timeout. ctx
 // bounds the whole: when it ends first, Close stops waiting and returns ctx's cause,
@@ -255,7 +255,6 @@ func (c *Client) Close(ctx context.Context) error {
 		return nil
 	}
 	c.closed = true
-	close(c.closing)
 	closers := c.closers
 	sections := make([]*section, 0, len(c.sections))
 	for s := range c.sections {
@@ -291,63 +290,197 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.waitHandBacks(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	return errors.Join(errs...)
 }
 
-// handBack releases key for owner, an acquisition that failed after its call may have
-// reached the store, in the background (Close waits for it) so that the caller, whose
-// ctx may have ended, does not wait for it. The acquisition may reach the server, or
-// commit, only after the first release has found nothing to release, so a release
-// that finds nothing is tried again after handBackRetries, until Close begins (then
-// once more at once). Best effort: an acquisition that commits later still expires
-// after its ttl.
-func (c *Client) handBack(ctx context.Context, key, owner string) {
-	c.mu.Lock()
-	if c.handed {
-		c.mu.Unlock()
-		_, _ = c.releaseDetached(ctx, key, owner)
-		return
-	}
-	c.handing.Add(1)
-	c.mu.Unlock()
-	go func() {
-		defer c.handing.Done()
-		for i := 0; ; i++ {
-			if ok, _ := c.releaseDetached(ctx, key, owner); ok || i == len(handBackRetries) {
-				return
-			}
-			t := time.NewTimer(handBackRetries[i])
-			select {
-			case <-t.C:
-			case <-c.closing:
-				t.Stop()
-				_, _ = c.releaseDetached(ctx, key, owner)
-				return
-			}
-		}
-	}()
-}
+// maxHandBacks caps the hand-backs a Client keeps pending. Past it, what a failed
+// acquisition may have been granted is left to expire after its ttl (logged at Warn):
+// a flood of failures (an outage, a crowd whose ctxs end) must not become a flood of
+// releases.
+const maxHandBacks = 1024
 
 // handBackRetries are the pauses, on the real clock, between the releases of a failed
 // acquisition that found nothing to release: about the time a statement can take to
-// reach the server and commit there, when the link or the server is slow.
+// reach the server and commit there, when the link or the server is slow. A call that
+// fails counts as a try too.
 var handBackRetries = []time.Duration{20 * time.Millisecond, 100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second}
 
-// waitHandBacks waits for the hand-backs in the background, or for ctx to end.
-func (c *Client) waitHandBacks(ctx context.Context) error {
-	c.mu.Lock()
-	c.handed = true
-	c.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		c.handing.Wait()
-		close(done)
-	}()
-	return waitDone(ctx, done)
+// maxHandBackPause bounds the pause of every pending hand-back after a release call
+// failed: while the store is away, a Client makes at most one release call per pause.
+const maxHandBackPause = 2 * time.Second
+
+// handBacks releases, in the background, what failed acquisitions may have been granted
+// (see undoAcquire). They are bounded for the whole Client: one goroutine, running while
+// any is pending, makes one release call at a time; each (key, owner) is pending once,
+// at most maxHandBacks of them, each released up to 1+len(handBackRetries) times while
+// nothing is found; a failed call pauses them all (doubling up to maxHandBackPause),
+// so that an unreachable store sees about one connection attempt per pause. Close gives
+// each one last release at once and waits (a failed call then drops the rest, which
+// expire after their ttl); when Close's ctx ends first, the call in flight is cancelled.
+type handBacks struct {
+	store  Store
+	logger *slog.Logger
+	ctx    context.Context // the release calls'; cancelled when Close stops waiting
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	pending map[handBackID]*handBack
+	wake    chan struct{} // a new hand-back or Close, for the worker
+	idle    chan struct{} // closed when the running worker ends; nil when none runs
+	closing bool          // Close began: one last release each; none waits once the worker ends
+}
+
+type handBackID struct{ key, owner string }
+
+type handBack struct {
+	tries int       // release calls made
+	next  time.Time // when the next is due, on the real clock
+}
+
+func newHandBacks(store Store, logger *slog.Logger) *handBacks {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &handBacks{store: store, logger: logger, ctx: ctx, cancel: cancel,
+		pending: make(map[handBackID]*handBack), wake: make(chan struct{}, 1)}
+}
+
+// undoAcquire releases key for owner, drawn by an acquisition that failed after its
+// call may have reached the store (or whose grant came too late, or was bad), so that
+// the key is not left to an owner nobody knows for a whole ttl. The acquisition may
+// reach the server, or commit, only after a release has found nothing, so a release
+// that finds nothing is tried again (see handBacks). Best effort: an acquisition that
+// commits later still expires after its ttl. It does not wait, except once Close has
+// stopped the hand-backs: then it makes one release call itself.
+func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
+	h := c.handBacks
+	id := handBackID{key, owner}
+	h.mu.Lock()
+	switch {
+	case h.closing && h.idle == nil:
+		h.mu.Unlock()
+		ctx, cancel := detached(context.Background())
+		defer cancel()
+		_, _ = h.store.Release(ctx, key, owner)
+		return
+	case h.pending[id] != nil:
+		h.mu.Unlock()
+		return
+	case len(h.pending) >= maxHandBacks:
+		h.mu.Unlock()
+		h.logger.Warn("pglock: too many hand-backs pending; the lock may stay held until its ttl",
+			slog.String("key", key), slog.String("owner", owner), slog.Duration("ttl", ttl))
+		return
+	}
+	h.pending[id] = &handBack{next: time.Now()}
+	if h.idle == nil {
+		h.idle = make(chan struct{})
+		go h.run(h.idle)
+	}
+	h.mu.Unlock()
+	h.poke()
+}
+
+func (h *handBacks) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the worker: it releases what is due, one call at a time, until nothing is
+// pending, then closes idle.
+func (h *handBacks) run(idle chan struct{}) {
+	var pause time.Duration // after a failed call; zero after a good one
+	var notBefore time.Time // no call before, after a failed one
+	for {
+		h.mu.Lock()
+		if len(h.pending) == 0 || h.ctx.Err() != nil {
+			clear(h.pending)
+			h.idle = nil
+			close(idle)
+			h.mu.Unlock()
+			return
+		}
+		id, hb := h.first()
+		due, closing := hb.next, h.closing
+		if closing {
+			due = time.Time{} // one last release each, at once
+		} else if notBefore.After(due) {
+			due = notBefore
+		}
+		h.mu.Unlock()
+
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-h.wake: // something new, maybe due earlier, or Close
+			case <-h.ctx.Done():
+			}
+			t.Stop()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
+		ok, err := h.store.Release(ctx, id.key, id.owner)
+		cancel()
+		now := time.Now()
+		if err != nil {
+			pause = min(max(2*pause, handBackRetries[0]), maxHandBackPause)
+			notBefore = now.Add(pause)
+		} else {
+			pause = 0
+		}
+
+		h.mu.Lock()
+		hb.tries++
+		switch {
+		case closing && err != nil:
+			h.logger.Debug("pglock: store unreachable at Close; failed acquisitions left to expire",
+				slog.Int("locks", len(h.pending)), slog.Any("err", err))
+			clear(h.pending)
+		case ok || closing || hb.tries > len(handBackRetries):
+			delete(h.pending, id)
+		default:
+			hb.next = now.Add(handBackRetries[hb.tries-1])
+		}
+		h.mu.Unlock()
+	}
+}
+
+// first returns the pending hand-back due first. Called with mu held, pending not empty.
+func (h *handBacks) first() (handBackID, *handBack) {
+	var (
+		id    handBackID
+		first *handBack
+	)
+	for k, hb := range h.pending {
+		if first == nil || hb.next.Before(first.next) {
+			id, first = k, hb
+		}
+	}
+	return id, first
+}
+
+// close gives every pending hand-back its last release and waits for the worker, or
+// for ctx to end: then it cancels the call in flight, drops the rest and returns ctx's
+// cause. Hand-backs that come later make their one release call in their caller.
+func (h *handBacks) close(ctx context.Context) error {
+	h.mu.Lock()
+	h.closing = true
+	idle := h.idle
+	h.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	h.poke()
+	if err := waitDone(ctx, idle); err != nil {
+		h.cancel()
+		return err
+	}
+	return nil
 }
 
 // detached returns ctx without its cancellation, with storeTimeout: for the calls that
@@ -360,16 +493,18 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // releaseDetached hands key back for owner on a detached context. A failed call is
 // tried once more: a pooled connection whose backend was terminated fails its next
 // statement, and a lock left to expire would hold up the next holder for a whole ttl.
-func (c *Client) releaseDetached(ctx context.Context, key, owner string) (bool, error) {
+// released reports whether a call found the lock held by owner and released it; unsure,
+// that the first call failed and the second found nothing: the first may have released
+// it before failing, or the lock was gone already.
+func (c *Client) releaseDetached(ctx context.Context, key, owner string) (released, unsure bool, err error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
 	ok, err := c.store.Release(ctx, key, owner)
 	if err == nil || ctx.Err() != nil {
-		return ok, err
+		return ok, false, err
 	}
-	if _, err := c.store.Release(ctx, key, owner); err != nil {
-		return false, err
+	if ok, err = c.store.Release(ctx, key, owner); err != nil {
+		return false, false, err
 	}
-	// The first call may have released it before failing; either way it is not ours now.
-	return true, nil
+	return ok, !ok, nil
 }

@@ -1,0 +1,143 @@
+package pglock_test
+
+// Hand-backs: what a failed acquisition may have been granted is released in the
+// background, bounded for the whole client, and not at all when the attempt never
+// reached a server.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/tcpproxy"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// releaseCounter is a real store that counts its Release calls, and the most of them
+// in flight at once.
+type releaseCounter struct {
+	pglock.Store
+	calls, inFlight, most atomic.Int64
+}
+
+func (s *releaseCounter) Release(ctx context.Context, key, owner string) (bool, error) {
+	s.calls.Add(1)
+	n := s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
+	}
+	return s.Store.Release(ctx, key, owner)
+}
+
+// closedPort returns a 127.0.0.1 address where nothing listens.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// An acquisition whose connection could not even be made reached no server: there is
+// nothing to hand back, and no connection attempt is made for it later. With pgx, and
+// with lib/pq through database/sql.
+func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
+	t.Parallel()
+	host, port, err := net.SplitHostPort(closedPort(t))
+	require.NoError(t, err)
+	url := "postgres://postgres@" + host + ":" + port + "/postgres?sslmode=disable&connect_timeout=2"
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) pglock.Store
+	}{
+		{"Pgx", func(t *testing.T) pglock.Store {
+			pool, err := pgxpool.New(t.Context(), url)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			return pglock.NewPostgresStore(pool)
+		}},
+		{"LibPQ", func(t *testing.T) pglock.Store {
+			db, err := sql.Open("postgres", url)
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, db.Close()) })
+			return pglock.NewSQLStore(db)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &releaseCounter{Store: tc.store(t)}
+			c, err := pglock.NewWithStore(store, quiet)
+			require.NoError(t, err)
+			before := runtime.NumGoroutine()
+
+			for i := range 20 {
+				_, err := c.TryAcquire(t.Context(), "k"+strconv.Itoa(i))
+				require.Error(t, err)
+				require.NotErrorIs(t, err, pglock.ErrNotAcquired)
+			}
+			after := runtime.NumGoroutine()
+			require.NoError(t, c.Close(t.Context()))
+			require.Zero(t, store.calls.Load(), "releases for acquisitions that never reached a server")
+			require.LessOrEqual(t, after-before, 2, "goroutines left behind by 20 failed attempts")
+		})
+	}
+}
+
+// Hand-backs are bounded for the whole client: one release call at a time, however many
+// acquisitions failed in flight, and about one call per pause while the store is away;
+// Close stops them.
+func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 4)
+	store := &releaseCounter{Store: pglock.NewPostgresStore(slow)}
+	c, err := pglock.NewWithStore(store, quiet, pglock.TTL(10*time.Second))
+	require.NoError(t, err)
+	before := runtime.NumGoroutine()
+
+	// 20 acquisitions whose ctx ends with their statement on the wire (or while they wait
+	// for one of the pool's 4 connections): each may have been granted.
+	proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			defer cancel()
+			_, err := c.TryAcquire(ctx, "k"+strconv.Itoa(i))
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("TryAcquire: %v, want a ctx deadline", err)
+			}
+		})
+	}
+	wg.Wait()
+	proxy.Close() // the database goes away: every release call fails, and every new connection
+	goroutines := runtime.NumGoroutine() - before
+	start, calls := time.Now(), store.calls.Load()
+	time.Sleep(3 * time.Second) // a measurement window: longer than the retries of one hand-back
+	during := store.calls.Load() - calls
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, c.Close(ctx))
+	closed := store.calls.Load()
+	t.Logf("%d goroutines more after the failures; %d release calls in %v of outage; %d in all; %d at most at once",
+		goroutines, during, time.Since(start).Round(time.Millisecond), closed, store.most.Load())
+	require.LessOrEqual(t, store.most.Load(), int64(1), "release calls in flight at once")
+	require.LessOrEqual(t, during, int64(15), "release calls against an unreachable store")
+	require.Less(t, goroutines, 10, "goroutines for 20 hand-backs")
+	require.Eventually(t, func() bool { return store.inFlight.Load() == 0 && runtime.NumGoroutine() <= before+2 },
+		5*time.Second, 10*time.Millisecond, "hand-backs still running after Close")
+	require.Equal(t, closed, store.calls.Load(), "a release call after Close returned")
+}
