@@ -97,6 +97,7 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		closing:  make(chan struct{}),
 		keys:     make(map[string]string),
 	}
+	store = c.watchStore(store) // every store call below feeds Health
 	if cfg.listenOverride != nil {
 		cfg.listen = cfg.listenOverride
 	}
