@@ -54,6 +54,9 @@ type Health struct {
 	// FailedAt is when FailedCall failed, or when it was sent if it still waits, on the
 	// client's clock; zero when FailedCall is empty.
 	FailedAt time.Time
+	// EventsDropped is how many events the client dropped since New because its event
+	// handlers fell behind (see WithEventHandler). It does not affect Ready.
+	EventsDropped int64
 	// Err says why the client is not Ready: ErrClosed, or an error saying which store
 	// call failed (wrapping the store's error) or waits, or that renewals are overdue.
 	// Nil when Ready.
@@ -69,6 +72,7 @@ func (c *Client) Health() Health {
 	h := Health{Held: len(c.held)}
 	closed := c.closed
 	c.mu.Unlock()
+	h.EventsDropped = c.events.droppedCount()
 
 	c.health.mu.Lock()
 	h.Leading, h.LastRenewal = c.health.leading, c.health.lastRenewal
