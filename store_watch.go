@@ -32,6 +32,8 @@ type calls struct {
 	clock    Clock
 	patience time.Duration // how long a call may wait for an answer before the client is unready
 	probe    func(ctx context.Context) error
+	ctx      context.Context // the probes'; cancelled at Close
+	cancel   context.CancelFunc
 
 	mu       sync.Mutex
 	answered time.Time    // when the store last answered a call
@@ -66,6 +68,7 @@ type flight struct {
 // a second while the last call failed, until one succeeds or Close.
 func (c *Client) watchStore(store Store) Store {
 	k := &calls{clock: c.clock, patience: c.ttl / 2}
+	k.ctx, k.cancel = context.WithCancel(context.Background())
 	w := watch(store, k)
 	k.probe = func(ctx context.Context) error {
 		_, err := store.Renew(ctx, probeKey, c.instance+"/health-probe", time.Second)
@@ -140,7 +143,7 @@ func (k *calls) runProbe() {
 		return
 	}
 	k.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := context.WithTimeout(k.ctx, storeTimeout)
 	err := k.probe(ctx)
 	cancel()
 	k.mu.Lock()
@@ -155,7 +158,7 @@ func (k *calls) runProbe() {
 	}
 }
 
-// close stops the probes and waits for a probe in progress.
+// close stops the probes, cancels a probe in progress and waits for it.
 func (k *calls) close(context.Context) error {
 	k.mu.Lock()
 	k.closed = true
@@ -164,6 +167,7 @@ func (k *calls) close(context.Context) error {
 		k.probes.Done()
 	}
 	k.mu.Unlock()
+	k.cancel()
 	k.probes.Wait()
 	return nil
 }
