@@ -3,11 +3,9 @@ package pglock_test
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,24 +244,40 @@ func TestAcquireEventsCarryWaitDurationAndWhy(t *testing.T) {
 // partition); restore ends the outage.
 type outageLink struct {
 	url   string
-	app   string // the application_name of the link's connections
 	proxy *tcpproxy.Proxy
-	down  atomic.Bool
-	t     *testing.T
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn // to the server
 }
 
 func newOutageLink(t *testing.T) (*outageLink, *pgxpool.Pool) {
 	t.Helper()
 	url := pglocktest.PostgresURL(t)
-	o := &outageLink{url: url, app: "pglock-outage-" + strconv.FormatUint(rand.Uint64(), 36), t: t}
+	o := &outageLink{url: url}
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
 	upstream := tcpproxy.To(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	refused := errors.New("connection refused")
 	o.proxy, err = tcpproxy.New(func(ctx context.Context) (net.Conn, error) {
-		if o.down.Load() {
-			return nil, errors.New("connection refused")
+		o.mu.Lock()
+		down := o.down
+		o.mu.Unlock()
+		if down {
+			return nil, refused
 		}
-		return upstream(ctx)
+		conn, err := upstream(ctx)
+		if err != nil {
+			return nil, err
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.down { // cut while it dialled
+			_ = conn.Close()
+			return nil, refused
+		}
+		o.conns = append(o.conns, conn)
+		return conn, nil
 	})
 	require.NoError(t, err)
 	t.Cleanup(o.proxy.Close)
@@ -272,7 +286,6 @@ func newOutageLink(t *testing.T) (*outageLink, *pgxpool.Pool) {
 	n, err := strconv.Atoi(port)
 	require.NoError(t, err)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(n), nil
-	cfg.ConnConfig.RuntimeParams["application_name"] = o.app
 	cfg.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
@@ -281,25 +294,29 @@ func newOutageLink(t *testing.T) (*outageLink, *pgxpool.Pool) {
 	return o, pool
 }
 
+// fail starts an outage: "cut" ends every connection and refuses new ones;
+// "black-holed" lets nothing through either way.
 func (o *outageLink) fail(kind string) {
-	o.t.Helper()
 	switch kind {
 	case "cut":
-		o.down.Store(true)
-		direct := pglocktest.Pool(o.t, o.url, 1)
-		_, err := direct.Exec(context.Background(),
-			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", o.app)
-		require.NoError(o.t, err)
-		direct.Close()
+		o.mu.Lock()
+		o.down = true
+		for _, c := range o.conns {
+			_ = c.Close()
+		}
+		o.conns = nil
+		o.mu.Unlock()
 	case "black-holed":
 		o.proxy.Blackhole()
 	default:
-		o.t.Fatalf("unknown outage %q", kind)
+		panic("unknown outage " + kind)
 	}
 }
 
 func (o *outageLink) restore() {
-	o.down.Store(false)
+	o.mu.Lock()
+	o.down = false
+	o.mu.Unlock()
 	o.proxy.Restore()
 }
 
