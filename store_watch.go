@@ -202,7 +202,9 @@ func (k *calls) state() callState {
 }
 
 // watch returns a Store that records each call of store in k, with the same optional
-// capabilities as store: the parts of a client find them by type assertion. The
+// capabilities as store: the parts of a client find them by type assertion. A new
+// capability (an interface a part asserts on the Client's store) must be added here,
+// or a watched store hides it (TestWatchedStoreKeepsTheCapabilities lists them). The
 // unexported ones only the PostgreSQL and memory stores have, so a store of another
 // kind has at most BatchRenewer and HolderReader. A store with another set of
 // capabilities (none known) is returned as it is, unwatched.

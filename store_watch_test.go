@@ -19,8 +19,8 @@ func (batchTestStore) RenewMany(context.Context, []string, []string, time.Durati
 }
 
 // The watched store has the optional capabilities of the store it watches, no more and
-// no fewer: the client's parts find them by type assertion. A capability added to a
-// store must be added to watch too, or this test fails.
+// no fewer: the client's parts find them by type assertion. A capability added to the
+// stores must be added to watch and to caps here.
 func TestWatchedStoreKeepsTheCapabilities(t *testing.T) {
 	t.Parallel()
 	caps := func(s Store) [6]bool {
