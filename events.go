@@ -55,17 +55,28 @@ type Event struct {
 	Time     time.Time // on the client's clock
 }
 
+// eventQueueCap is how many events may wait for the handlers: beyond it, a new event
+// is dropped and counted, so that a handler that blocks costs a bounded amount of
+// memory, not the process's.
+const eventQueueCap = 4096
+
+// eventDropWarnEvery is how often, at most, dropped events are logged at Warn.
+const eventDropWarnEvery = 10 * time.Second
+
 // events delivers events to the handlers, in order, on one goroutine, so that whoever
 // emits (the renewer above all) never waits for a handler.
 type events struct {
 	handlers []func(Event)
 	logger   *slog.Logger
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  []Event
-	closed bool
-	done   chan struct{}
+	mu       sync.Mutex
+	cond     *sync.Cond
+	queue    []Event // at most eventQueueCap
+	closed   bool
+	dropped  int64     // since New
+	unlogged int64     // dropped since the last warning
+	warned   time.Time // the last warning, on the real clock
+	done     chan struct{}
 }
 
 func newEvents(handlers []func(Event), logger *slog.Logger) *events {
@@ -83,12 +94,36 @@ func (e *events) emit(ev Event) {
 	if len(e.handlers) == 0 {
 		return
 	}
+	var warn int64
 	e.mu.Lock()
-	if !e.closed {
+	switch {
+	case e.closed:
+	case len(e.queue) < eventQueueCap:
 		e.queue = append(e.queue, ev)
 		e.cond.Signal()
+	default:
+		e.dropped++
+		e.unlogged++
+		if now := time.Now(); now.Sub(e.warned) >= eventDropWarnEvery {
+			warn, e.unlogged, e.warned = e.unlogged, 0, now
+		}
 	}
 	e.mu.Unlock()
+	if warn > 0 {
+		e.warnDropped(warn)
+	}
+}
+
+func (e *events) warnDropped(n int64) {
+	e.logger.Warn("pglock: events dropped: the event handlers fell behind", slog.Int64("dropped", n),
+		slog.Int("queue", eventQueueCap))
+}
+
+// droppedCount returns how many events were dropped since New.
+func (e *events) droppedCount() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.dropped
 }
 
 func (e *events) run() {
@@ -98,17 +133,21 @@ func (e *events) run() {
 		for len(e.queue) == 0 && !e.closed {
 			e.cond.Wait()
 		}
-		batch := e.queue
-		e.queue = nil
-		closed := e.closed
-		e.mu.Unlock()
-		for _, ev := range batch {
-			for _, h := range e.handlers {
-				e.deliver(h, ev)
+		if len(e.queue) == 0 { // closed, and delivered
+			unlogged := e.unlogged
+			e.unlogged = 0
+			e.mu.Unlock()
+			if unlogged > 0 {
+				e.warnDropped(unlogged)
 			}
-		}
-		if closed && len(batch) == 0 {
 			return
+		}
+		ev := e.queue[0]
+		e.queue[0] = Event{} // let its error go
+		e.queue = e.queue[1:]
+		e.mu.Unlock()
+		for _, h := range e.handlers {
+			e.deliver(h, ev)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -35,16 +36,23 @@ func GocronOptions(name string) []gocron.JobOption {
 // by the first IsLeader that finds it free and then kept, renewed, for as long as the
 // client is up, exactly as OnOneInstance's lease: the other instances' schedulers skip
 // every job (logged at debug with key, emitted as an EventJobSkipped); when the leader
-// dies, the first IsLeader after the ttl takes over; at Close the lease is handed back
-// (kept for the rest of the second after the last IsLeader that let a job run). opts
-// may set its TTL.
+// dies, the first IsLeader after the ttl takes over. opts may set its TTL.
+//
+// gocron asks IsLeader before each run but does not tell an elector when a run ends,
+// and its Shutdown gives up after its stop timeout (10 s by default) with runs still
+// going. So at Close the lease is handed back only when every run it let start was a
+// task of the elector's Task, which Close cancels (ErrClosed) and waits for, bounded by
+// its ctx, and then only a second after the last IsLeader that let a job run. After a
+// run of any other task, the lease is not handed back: it is no longer renewed, and
+// another instance leads once it expires, a ttl later, so that two instances never run
+// the scheduler's jobs side by side while the old runs can still go on (a run that
+// outlasts even the ttl can: use Task). Only a Task's run has a fencing token, its
+// lease's: pglock.FromContext(ctx) returns the lease's Lock inside it; a plain task has
+// none to fence its writes with.
 //
 // key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
-// ErrInvalidArgument (a bad option, a taken key) or ErrClosed. IsLeader returns nil
-// on the leader, an error matching ErrNotAcquired elsewhere, ErrClosed once the
-// client's Close has begun, or a store error; ctx bounds its store call. It is safe for
-// concurrent use.
-func (c *Client) GocronElector(key string, opts ...Option) (gocron.Elector, error) {
+// ErrInvalidArgument (a bad option, a taken key) or ErrClosed.
+func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, error) {
 	lc, err := c.lockSettings(key, useGocron, "GocronElector", opts)
 	if err != nil {
 		return nil, err
@@ -52,21 +60,120 @@ func (c *Client) GocronElector(key string, opts ...Option) (gocron.Elector, erro
 	if err := c.register(fmt.Sprintf("gocron elector %q", key), key); err != nil {
 		return nil, err
 	}
-	e := &gocronElector{lease: newLease(c, key, key, lc.ttl)}
-	c.onClose(func(ctx context.Context) error { return shutdown(ctx, nil, e.lease) })
+	e := &GocronElector{lease: newLease(c, key, key, lc.ttl), runs: runs{c: c}}
+	c.onClose(e.close)
 	return e, nil
 }
 
-type gocronElector struct {
+// GocronElector is a gocron.Elector on a pglock lease: see Client.GocronElector. It is
+// safe for concurrent use.
+type GocronElector struct {
 	lease *lease
+	runs  runs // of Task's tasks
+
+	mu      sync.Mutex
+	closing bool
+	// untracked counts the runs IsLeader let start that no Task has claimed: plain
+	// tasks' runs, and Task's runs about to start.
+	untracked int
 }
 
-func (e *gocronElector) IsLeader(ctx context.Context) error {
+// IsLeader returns nil on the leader (taking the lease if it is free), an error
+// matching ErrNotAcquired where another instance leads, ErrClosed once the client's
+// Close has begun, or a store error; ctx bounds its store call. gocron calls it before
+// each run of every job of the scheduler.
+func (e *GocronElector) IsLeader(ctx context.Context) error {
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		return ErrClosed
+	}
+	e.untracked++ // before the lease is held: close must see every run that may start
+	e.mu.Unlock()
 	if _, err := e.lease.hold(ctx); err != nil {
+		e.mu.Lock()
+		e.untracked--
+		e.mu.Unlock()
 		return err
 	}
 	e.lease.ran()
 	return nil
+}
+
+// Task returns a gocron task that runs fn as a run of the elector, for a job of the
+// scheduler the elector leads: fn's ctx is gocron's job ctx, cancelled too when the
+// lease is lost (its cause is then a *LockLostError) or when the client's Close begins
+// (ErrClosed: Close waits for fn to return before it hands the lease back), and
+// pglock.FromContext(ctx) returns the lease's Lock, whose Token fences fn's writes.
+// The task returns fn's error, or, without calling fn, ErrClosed once Close has begun
+// or the lease's *LockLostError when it was lost since IsLeader.
+func (e *GocronElector) Task(fn func(ctx context.Context) error) gocron.Task {
+	return gocron.NewTask(func(ctx context.Context) error { return e.run(ctx, fn) })
+}
+
+func (e *GocronElector) run(ctx context.Context, fn func(ctx context.Context) error) error {
+	e.mu.Lock()
+	if e.untracked > 0 {
+		e.untracked--
+	}
+	e.mu.Unlock()
+	if err := e.runs.start(); err != nil {
+		return err
+	}
+	defer e.runs.end()
+	e.lease.mu.Lock()
+	l := e.lease.lock
+	e.lease.mu.Unlock()
+	if l == nil {
+		return fmt.Errorf("%w: gocron elector %q does not lead", ErrNotAcquired, e.lease.key)
+	}
+	if err := lostCause(l.Context()); err != nil {
+		return err
+	}
+	lctx, stop := withLockContext(ctx, l)
+	defer stop()
+	fctx, s, err := e.lease.c.enter(lctx)
+	if err != nil {
+		return err
+	}
+	defer e.lease.c.leave(s)
+	return fn(fctx)
+}
+
+// close is the elector's Close step: no more runs; Task's runs end (bounded by ctx);
+// then the lease is handed back, unless a run that no Task tracked may still go on:
+// then it is left to expire.
+func (e *GocronElector) close(ctx context.Context) error {
+	e.mu.Lock()
+	e.closing = true
+	e.mu.Unlock()
+	if err := e.runs.wait(ctx); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	untracked := e.untracked
+	e.mu.Unlock()
+	if untracked > 0 {
+		e.leaveToExpire()
+		return nil
+	}
+	return shutdown(ctx, nil, e.lease)
+}
+
+// leaveToExpire gives the lease up without handing it back: it is no longer renewed,
+// and expires after its ttl.
+func (e *GocronElector) leaveToExpire() {
+	s := e.lease
+	s.mu.Lock()
+	l := s.lock
+	s.mu.Unlock()
+	if l == nil || !l.Held() {
+		return
+	}
+	s.c.renewer.Remove(&l.entry)
+	l.abandon()
+	s.c.logger.Info("pglock: gocron elector lease left to expire: runs of tasks other than its Task's may go on",
+		slog.String("key", s.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()), slog.Duration("ttl", s.ttl))
 }
 
 // GocronLocker returns a gocron.Locker (gocron.WithDistributedLocker, or

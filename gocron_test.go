@@ -215,8 +215,104 @@ func TestGocronElectorLeadsUntilClose(t *testing.T) {
 	clockA.Advance(time.Second)
 	require.NoError(t, a.Close(ctx))
 	require.ErrorIs(t, electorA.IsLeader(ctx), pglock.ErrClosed)
-	require.NoError(t, electorB.IsLeader(ctx)) // handed back: B leads at once, not after the ttl
-	require.Equal(t, 2, logLines(&logs, "pglock: job runs on this instance", "shop:scheduler"))
+	// Whatever IsLeader let run was no Task's: it may still run, so the lease is left to
+	// expire rather than handed back.
+	require.ErrorIs(t, electorB.IsLeader(ctx), pglock.ErrNotAcquired)
+	require.Equal(t, 1, logLines(&logs, "pglock: gocron elector lease left to expire: runs of tasks other than its Task's may go on", "shop:scheduler"))
+}
+
+// gocron's Shutdown gives up on a run after its stop timeout; the elector cannot know
+// when a plain task's run ends, so Close does not hand the lease back while it may go
+// on: another instance leads only once the lease has expired on the database clock.
+func TestGocronElectorLeavesItsLeaseToExpireWhileAPlainRunMayGoOn(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	var logs logBuffer
+	a, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)))
+	require.NoError(t, err)
+	b := newClient(t, store, quiet)
+	const ttl = 2 * time.Second
+	electorA, err := a.GocronElector("shop:feed", pglock.TTL(ttl))
+	require.NoError(t, err)
+	electorB, err := b.GocronElector("shop:feed", pglock.TTL(ttl))
+	require.NoError(t, err)
+
+	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(electorA), gocron.WithStopTimeout(50*time.Millisecond))
+	require.NoError(t, err)
+	sched.Start()
+	running, finish := make(chan struct{}, 1), make(chan struct{})
+	ended := make(chan struct{})
+	job, err := sched.NewJob(gocron.DurationJob(time.Hour), gocron.NewTask(func() {
+		defer close(ended)
+		running <- struct{}{}
+		<-finish // a long run that knows nothing of contexts
+	}), gocron.WithName("feed"))
+	require.NoError(t, err)
+	t.Cleanup(func() { close(finish); <-ended })
+	require.NoError(t, job.RunNow())
+	receive(t, running)
+
+	require.ErrorIs(t, sched.Shutdown(), gocron.ErrStopJobsTimedOut, "gocron gives up on the run")
+	closed := time.Now()
+	require.NoError(t, a.Close(ctx))
+	require.ErrorIs(t, electorB.IsLeader(ctx), pglock.ErrNotAcquired, "not handed back while the run may go on")
+	require.Equal(t, 1, logLines(&logs, "pglock: gocron elector lease left to expire: runs of tasks other than its Task's may go on", "shop:feed"))
+	require.Eventually(t, func() bool { return electorB.IsLeader(ctx) == nil }, 10*time.Second, 20*time.Millisecond,
+		"B leads once the lease expired")
+	t.Logf("B leads %v after A's Close (ttl %v)", time.Since(closed).Round(time.Millisecond), ttl)
+}
+
+// A run of the elector's Task has the lease's token to fence with, is cancelled by
+// Close with ErrClosed, and Close hands the lease back only after it returned: the next
+// leader starts at once, never beside it.
+func TestGocronElectorTaskRunsAreFencedAndWaitedFor(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	a, err := pglock.NewWithStore(store, quiet)
+	require.NoError(t, err)
+	b := newClient(t, store, quiet)
+	electorA, err := a.GocronElector("shop:feed")
+	require.NoError(t, err)
+	electorB, err := b.GocronElector("shop:feed")
+	require.NoError(t, err)
+
+	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(electorA), gocron.WithStopTimeout(50*time.Millisecond))
+	require.NoError(t, err)
+	sched.Start()
+	tokens := make(chan int64, 1)
+	var cause error
+	returned := make(chan struct{})
+	job, err := sched.NewJob(gocron.DurationJob(time.Hour), electorA.Task(func(ctx context.Context) error {
+		defer close(returned)
+		if l, ok := pglock.FromContext(ctx); ok {
+			tokens <- l.Token()
+		} else {
+			tokens <- 0
+		}
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return cause
+	}), gocron.WithName("feed"))
+	require.NoError(t, err)
+	require.NoError(t, job.RunNow())
+	token := receive(t, tokens)
+	var leaseToken int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token FROM pglock.locks WHERE key = 'shop:feed'").Scan(&leaseToken))
+	require.Equal(t, leaseToken, token, "the run fences with the lease's token")
+	require.ErrorIs(t, electorB.IsLeader(ctx), pglock.ErrNotAcquired)
+
+	require.NoError(t, a.Close(ctx))
+	select {
+	case <-returned:
+	default:
+		t.Fatal("Close returned before the run")
+	}
+	require.ErrorIs(t, cause, pglock.ErrClosed)
+	require.NoError(t, electorB.IsLeader(ctx), "handed back after the run: B leads at once")
+	require.NoError(t, sched.Shutdown())
 }
 
 // JobOptions registers a job in gocron's singleton mode: gocron refuses an overlap

@@ -2,13 +2,18 @@ package pglock_test
 
 import (
 	"context"
+	"errors"
+	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -63,8 +68,9 @@ func TestHealthIsUnreadyWhileTheLinkIsSilentBeforeTheLockIsLost(t *testing.T) {
 }
 
 // A renewal call that fails makes the client unready at once, long before the lock's
-// deadline; the first renewal that succeeds makes it ready again. Each call is an
-// EventRenewal with its error.
+// deadline; the first call that succeeds makes it ready again: here the client's own
+// probe, a second after the failure. Each renewal call is an EventRenewal with its
+// error.
 func TestHealthIsUnreadyOnceARenewalFails(t *testing.T) {
 	t.Parallel()
 	store := &failingStore{Store: pglock.NewPostgresStore(pglocktest.Postgres(t))}
@@ -93,13 +99,27 @@ func TestHealthIsUnreadyOnceARenewalFails(t *testing.T) {
 	h = c.Health()
 	require.False(t, h.Ready)
 	require.ErrorIs(t, h.Err, errStoreDown)
-	require.ErrorContains(t, h.Err, "pglock: renewal failed")
+	require.ErrorContains(t, h.Err, "pglock: store call renew failed")
+	require.Equal(t, "renew", h.FailedCall)
+	require.Equal(t, clock.Now(), h.FailedAt)
 	require.Equal(t, renewedAt, h.LastRenewal)
 	require.Equal(t, 1, h.Held)
 	require.True(t, l.Held())
 
+	clock.Advance(time.Second) // the client's probe fails too
+	h = c.Health()
+	require.False(t, h.Ready)
+	require.Equal(t, "renew", h.FailedCall, "the failure that made it unready")
+
 	store.failing.Store(false)
-	clock.Advance(6 * time.Second) // the retry, a tenth of the ttl later, succeeds
+	clock.Advance(time.Second) // the next probe succeeds: the store answers
+	h = c.Health()
+	require.True(t, h.Ready, "%v", h.Err)
+	require.Equal(t, clock.Now(), h.LastAnswer)
+	require.Equal(t, renewedAt, h.LastRenewal)
+	require.Empty(t, h.FailedCall)
+
+	clock.Advance(4 * time.Second) // the retry, a tenth of the ttl after the failure, succeeds
 	h = c.Health()
 	require.True(t, h.Ready, "%v", h.Err)
 	require.Equal(t, clock.Now(), h.LastRenewal)
@@ -216,4 +236,248 @@ func TestAcquireEventsCarryWaitDurationAndWhy(t *testing.T) {
 		types = append(types, e.Type)
 	}
 	require.Equal(t, types, second, "the second handler got every event, in order")
+}
+
+// outageLink is a pool whose link to PostgreSQL goes through a proxy that can fail in
+// two ways: cut (every connection ends and new ones are refused, as when the server or
+// the proxy in front of it dies) or black-holed (nothing moves either way, as behind a
+// partition); restore ends the outage.
+type outageLink struct {
+	url   string
+	proxy *tcpproxy.Proxy
+
+	mu    sync.Mutex
+	down  bool
+	conns []net.Conn // to the server
+}
+
+func newOutageLink(t *testing.T) (*outageLink, *pgxpool.Pool) {
+	t.Helper()
+	url := pglocktest.PostgresURL(t)
+	o := &outageLink{url: url}
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	upstream := tcpproxy.To(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	refused := errors.New("connection refused")
+	o.proxy, err = tcpproxy.New(func(ctx context.Context) (net.Conn, error) {
+		o.mu.Lock()
+		down := o.down
+		o.mu.Unlock()
+		if down {
+			return nil, refused
+		}
+		conn, err := upstream(ctx)
+		if err != nil {
+			return nil, err
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.down { // cut while it dialled
+			_ = conn.Close()
+			return nil, refused
+		}
+		o.conns = append(o.conns, conn)
+		return conn, nil
+	})
+	require.NoError(t, err)
+	t.Cleanup(o.proxy.Close)
+	host, port, err := net.SplitHostPort(o.proxy.Addr())
+	require.NoError(t, err)
+	n, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Fallbacks = host, uint16(n), nil
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	t.Cleanup(o.restore) // before the client's Close and the pool's
+	return o, pool
+}
+
+// fail starts an outage: "cut" ends every connection and refuses new ones;
+// "black-holed" lets nothing through either way.
+func (o *outageLink) fail(kind string) {
+	switch kind {
+	case "cut":
+		o.mu.Lock()
+		o.down = true
+		for _, c := range o.conns {
+			_ = c.Close()
+		}
+		o.conns = nil
+		o.mu.Unlock()
+	case "black-holed":
+		o.proxy.Blackhole()
+	default:
+		panic("unknown outage " + kind)
+	}
+}
+
+func (o *outageLink) restore() {
+	o.mu.Lock()
+	o.down = false
+	o.mu.Unlock()
+	o.proxy.Restore()
+}
+
+// A role a client plays while its database goes away: start puts c in it, on key
+// (direct reaches the same database), and returns a channel closed once the outage
+// (begun when outage is closed) has cost the client its call, lock or leadership; nil
+// when it costs nothing.
+type outageRole struct {
+	name  string
+	start func(t *testing.T, c *pglock.Client, key string, direct *pgxpool.Pool, outage <-chan struct{}) (lost <-chan struct{})
+}
+
+var outageRoles = []outageRole{{
+	name: "NoLock", // tries a key during the outage, as a request would, and gives up after 3 s
+	start: func(t *testing.T, c *pglock.Client, key string, _ *pgxpool.Pool, outage <-chan struct{}) <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			<-outage
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if l, err := c.TryAcquire(ctx, key); err == nil {
+				_ = l.Release(context.Background())
+			}
+		}()
+		t.Cleanup(func() { <-done })
+		return done
+	},
+}, {
+	name: "Waiter", // waits for a key another instance holds
+	start: func(t *testing.T, c *pglock.Client, key string, direct *pgxpool.Pool, _ <-chan struct{}) <-chan struct{} {
+		other := newClient(t, pglock.NewPostgresStore(direct), quiet)
+		held, err := other.TryAcquire(t.Context(), key, pglock.TTL(time.Minute))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = held.Release(context.Background()) })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		t.Cleanup(func() { cancel(); <-done })
+		go func() {
+			defer close(done)
+			if l, err := c.Acquire(ctx, key); err == nil {
+				_ = l.Release(context.Background())
+			}
+		}()
+		require.Eventually(t, func() bool { // it listens, and has marked the key
+			var wanted bool
+			err := direct.QueryRow(t.Context(), "SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", key).Scan(&wanted)
+			return err == nil && wanted
+		}, 10*time.Second, 10*time.Millisecond)
+		return nil
+	},
+}, {
+	name: "Leader",
+	start: func(t *testing.T, c *pglock.Client, key string, _ *pgxpool.Pool, _ <-chan struct{}) <-chan struct{} {
+		led, lost := make(chan struct{}), make(chan struct{})
+		_, err := c.Elect(key, pglock.LeaderCallbacks{
+			OnAcquired: func(context.Context, *pglock.Lock) error {
+				select {
+				case <-led: // leads again after the outage
+				default:
+					close(led)
+				}
+				return nil
+			},
+			OnLost: func(*pglock.Lock) {
+				select {
+				case <-lost:
+				default:
+					close(lost)
+				}
+			},
+		})
+		require.NoError(t, err)
+		receive(t, led)
+		return lost
+	},
+}, {
+	name: "Holder",
+	start: func(t *testing.T, c *pglock.Client, key string, _ *pgxpool.Pool, _ <-chan struct{}) <-chan struct{} {
+		l, err := c.TryAcquire(t.Context(), key)
+		require.NoError(t, err)
+		return l.Context().Done()
+	},
+}}
+
+// Health follows the database, not only the locks held: whatever the client does (it
+// holds nothing and tries a key, it waits for a key, it leads an election, it holds a
+// lock), it is unready while the database cannot be reached, still unready once its
+// call, lock or leadership is lost to the outage, and ready again once a store call
+// succeeds after it, with nothing else to do. It names the call that failed.
+func TestHealthFollowsTheDatabaseWhateverTheClientDoes(t *testing.T) {
+	t.Parallel()
+	const ttl = 5 * time.Second // renewed every 1.67 s, lost at 4.5 s; a call may wait 2.5 s
+	for _, outage := range []string{"cut", "black-holed"} {
+		for _, r := range outageRoles {
+			t.Run(r.name+"/"+outage, func(t *testing.T) {
+				t.Parallel()
+				link, pool := newOutageLink(t)
+				direct := pglocktest.Pool(t, link.url, 2)
+				c, err := pglock.New(pool, quiet, pglock.TTL(ttl))
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+				t.Cleanup(link.restore)
+				begun := make(chan struct{})
+				lost := r.start(t, c, t.Name(), direct, begun)
+				h := c.Health()
+				require.True(t, h.Ready, "before the outage: %v", h.Err)
+
+				link.fail(outage)
+				close(begun)
+				require.Eventually(t, func() bool { h = c.Health(); return !h.Ready }, 10*time.Second, 5*time.Millisecond,
+					"unready during the outage")
+				if lost != nil {
+					receive(t, lost)
+					h = c.Health()
+					require.False(t, h.Ready, "still unready once the outage took what the client had")
+				}
+				require.NotEmpty(t, h.FailedCall, "%v", h.Err)
+				require.False(t, h.FailedAt.IsZero())
+				t.Logf("during: %s at %s: %v", h.FailedCall, h.FailedAt.Format("15:04:05.000"), h.Err)
+
+				link.restore()
+				restoredAt := time.Now()
+				require.Eventually(t, func() bool { h = c.Health(); return h.Ready }, 10*time.Second, 5*time.Millisecond,
+					"ready after the outage: %v", h.Err)
+				require.True(t, h.LastAnswer.After(restoredAt), "a call succeeded after the outage")
+				require.Empty(t, h.FailedCall)
+				t.Logf("ready %v after the outage", time.Since(restoredAt).Round(time.Millisecond))
+			})
+		}
+	}
+}
+
+// "Held by another" is an answer, so a success; a call that the caller gives up on
+// before it waited long is the caller's doing, not the database's: neither makes the
+// client unready.
+func TestHealthCountsAnswersNotTheCallersGivingUp(t *testing.T) {
+	t.Parallel()
+	link, pool := newOutageLink(t)
+	other := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, link.url, 2)), quiet)
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(10*time.Second)) // a call may wait 5 s
+	t.Cleanup(link.restore)
+	key := t.Name()
+	held, err := other.TryAcquire(t.Context(), key)
+	require.NoError(t, err)
+
+	_, err = c.TryAcquire(t.Context(), key)
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	h := c.Health()
+	require.True(t, h.Ready, "%v", h.Err)
+	require.False(t, h.LastAnswer.IsZero())
+	answered := h.LastAnswer
+
+	link.fail("black-holed")
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = c.Acquire(ctx, key)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	h = c.Health()
+	require.True(t, h.Ready, "the caller gave up: %v", h.Err)
+	require.Equal(t, answered, h.LastAnswer)
+	link.restore()
+	require.NoError(t, held.Release(t.Context()))
 }

@@ -147,7 +147,7 @@ func (c *Client) Jobs(ctx context.Context) ([]JobStatus, error) {
 func (c *Client) historian(op string) (historian, error) {
 	h, ok := c.store.(historian)
 	if !ok {
-		return nil, fmt.Errorf("pglock: %s: %T keeps no run history: %w", op, c.store, errors.ErrUnsupported)
+		return nil, fmt.Errorf("pglock: %s: %T keeps no run history: %w", op, unwatched(c.store), errors.ErrUnsupported)
 	}
 	return h, nil
 }

@@ -74,7 +74,7 @@ func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	}
 	in, ok := c.store.(inspector)
 	if !ok {
-		return nil, fmt.Errorf("pglock: list locks: %T cannot list its locks: %w", c.store, errors.ErrUnsupported)
+		return nil, fmt.Errorf("pglock: list locks: %T cannot list its locks: %w", unwatched(c.store), errors.ErrUnsupported)
 	}
 	return in.listLocks(ctx, prefix)
 }
@@ -110,7 +110,7 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error)
 	}
 	in, ok := c.store.(inspector)
 	if !ok {
-		return LockInfo{}, fmt.Errorf("pglock: force release: %T cannot break a lock: %w", c.store, errors.ErrUnsupported)
+		return LockInfo{}, fmt.Errorf("pglock: force release: %T cannot break a lock: %w", unwatched(c.store), errors.ErrUnsupported)
 	}
 	info, err := in.forceRelease(ctx, key)
 	if err != nil {

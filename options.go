@@ -159,10 +159,13 @@ func WithInstanceName(name string) Option {
 // of the client's own: a slow handler delays later events, never renewals or callers.
 // Given more than once, it adds each handler: every one gets every event, in the order
 // the options were given (a metrics handler beside a log or a test's own, for one).
-// Events queue without bound while the handler is slow. Close waits for the queue to
-// drain (bounded by its ctx); an event that comes after Close has returned (a leader
-// that Close gave up waiting for steps down later) is dropped. A panic in the handler
-// is recovered and logged. It applies to New and NewWithStore.
+// Up to 4096 events wait while the handlers are slow; beyond that, new events are
+// dropped rather than held without bound (a handler that blocks forever costs no more
+// memory than that): each is counted in Health.EventsDropped, and the drops are logged
+// at Warn, at most every 10 s. Close waits for the queue to drain (bounded by its
+// ctx); an event that comes after Close has returned (a leader that Close gave up
+// waiting for steps down later) is dropped. A panic in the handler is recovered and
+// logged. It applies to New and NewWithStore.
 func WithEventHandler(h func(Event)) Option {
 	return Option{name: "WithEventHandler", where: useClient, apply: func(s *settings) error {
 		if h == nil {

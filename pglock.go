@@ -95,6 +95,7 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		sections: make(map[*section]struct{}),
 		keys:     make(map[string]string),
 	}
+	store = c.watchStore(store) // every store call below feeds Health
 	if cfg.listenOverride != nil {
 		cfg.listen = cfg.listenOverride
 	}

@@ -55,7 +55,7 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 	}
 	p, ok := c.store.(pruner)
 	if !ok {
-		return 0, fmt.Errorf("pglock: prune: %T cannot prune: %w", c.store, errors.ErrUnsupported)
+		return 0, fmt.Errorf("pglock: prune: %T cannot prune: %w", unwatched(c.store), errors.ErrUnsupported)
 	}
 	var total int64
 	for {

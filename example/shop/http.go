@@ -33,8 +33,12 @@ type LockRow struct {
 //
 //   - GET /healthz: readiness, from the pglock client's Health: 200
 //     {"status":"ok","leadsWarehouseFeed":bool,"locksHeld":1,"lastRenewal":"2026-…Z"} while
-//     its renewals are confirmed; 503 {"status":"unready","error":"…",…} once a renewal
-//     fails or is overdue (before any lock is lost: send no work here) and after Close.
+//     the database answers and its renewals are confirmed; 503
+//     {"status":"unready","error":"…","failedCall":"renew","failedAt":"…",…} while a call
+//     to the database fails or waits, or a renewal is overdue (before any lock is lost:
+//     send no work here), and after Close. The body names no connection detail (user,
+//     host, database): the error itself goes to the log. A readiness probe, not a
+//     liveness one: restarting an instance does not bring its database back.
 //   - GET /metrics: pglock's metrics in Prometheus's text format, when Config.Metrics
 //     is set.
 //   - POST /admin/invoice-exports: runs the invoice export now under its lock, waiting up
@@ -64,7 +68,19 @@ func (s *Shop) healthz(w http.ResponseWriter, _ *http.Request) {
 	}
 	status := http.StatusOK
 	if !h.Ready {
-		status, body["status"], body["error"] = http.StatusServiceUnavailable, "unready", h.Err.Error()
+		// h.Err wraps the driver's error, which names the database's user, host and
+		// database: it goes to the log, and the body says only what kind of trouble.
+		s.logger.Warn("shop: unready", slog.Any("err", h.Err))
+		status, body["status"] = http.StatusServiceUnavailable, "unready"
+		switch {
+		case errors.Is(h.Err, pglock.ErrClosed):
+			body["error"] = "shutting down: the lock client is closed"
+		case h.FailedCall != "":
+			body["error"] = "the database does not answer: see the instance's log"
+			body["failedCall"], body["failedAt"] = h.FailedCall, h.FailedAt.UTC()
+		default:
+			body["error"] = "lock renewals are overdue: see the instance's log"
+		}
 	}
 	writeJSON(w, status, body)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -102,4 +103,40 @@ func TestHealthzFollowsTheClientsHealth(t *testing.T) {
 	require.Equal(t, "unready", r.body["status"])
 	require.True(t, strings.Contains(r.body["error"].(string), "closed"), "%v", r.body)
 	require.EqualValues(t, 0, r.body["locksHeld"])
+}
+
+// GET /healthz answers 503 while the instance cannot reach its database, even holding
+// no lock, and names no connection detail (user, host, database) in its body: the
+// error, which does, goes to the log.
+func TestHealthzShowsNoConnectionDetails(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	cfg, err := pgxpool.ParseConfig(w.url)
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = "shop_gone_away" // the database went away: every connection fails
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	logger := w.logs.logger("gone")
+	locks, err := pglock.New(pool, pglock.WithInstanceName("gone"), pglock.WithLogger(logger))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, locks.Close(context.Background())) })
+	s, err := shop.New(shop.Config{Pool: pool, Locks: locks, Accounting: w.accounting, Warehouse: w.warehouse,
+		AdminToken: "s3cret", InvoiceExportCron: neverCron, StockReconciliationCron: neverCron, Logger: logger})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Shutdown(context.Background())) })
+	base := serve(t, &instance{name: "gone", pool: pool, locks: locks, shop: s})
+
+	require.Error(t, s.StockReconciliation().Run(t.Context()), "the tick cannot reach the database")
+	r := do(t, get(t, base+"/healthz"), "")
+	require.Equal(t, http.StatusServiceUnavailable, r.status)
+	require.Equal(t, "unready", r.body["status"])
+	require.Equal(t, "acquire", r.body["failedCall"])
+	for _, detail := range []string{cfg.ConnConfig.Database, cfg.ConnConfig.User, cfg.ConnConfig.Host, "user=", "database="} {
+		require.NotContains(t, string(r.raw), detail)
+	}
+	require.Positive(t, w.logs.count("shop: unready"))
+	w.logs.mu.Lock()
+	defer w.logs.mu.Unlock()
+	require.Contains(t, w.logs.buf.String(), cfg.ConnConfig.Database, "the detail is in the log")
 }

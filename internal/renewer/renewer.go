@@ -76,12 +76,16 @@ type Entry struct {
 
 	next     time.Time // when to renew (or, after failures, retry)
 	deadline time.Time
-	index    int    // in the heap; -1 when not in it
-	inFlight bool   // in a store call right now
-	call     uint64 // which call: a result for an earlier one is ignored
-	removed  bool
-	lost     bool
-	reason   Reason // why, once lost
+	index    int  // in the heap; -1 when not in it
+	inFlight bool // in a store call right now
+	// oindex is the entry's index in the renewer's pending heap, -1 when not in it;
+	// overdue, whether Overdue counted it (then it is not in that heap).
+	oindex  int
+	overdue bool
+	call    uint64 // which call: a result for an earlier one is ignored
+	removed bool
+	lost    bool
+	reason  Reason // why, once lost
 }
 
 // at is the entry's heap key: when it next needs attention.
@@ -90,6 +94,12 @@ func (e *Entry) at() time.Time {
 		return e.deadline
 	}
 	return e.next
+}
+
+// overdueAt is when e's renewal is overdue: half its ttl after the last confirmed
+// renewal was sent, its deadline being that send plus nine tenths of its ttl.
+func (e *Entry) overdueAt() time.Time {
+	return e.deadline.Add(-e.TTL * 2 / 5)
 }
 
 // Deadline returns when a lock that the store confirmed for ttl, in a call sent at
@@ -128,8 +138,13 @@ type Renewer struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	mu        sync.Mutex
-	queue     queue
+	mu    sync.Mutex
+	queue queue
+	// pending holds the live entries not yet overdue, by when they will be; overdue
+	// counts the others. Overdue moves what fell due from one to the other, so that a
+	// probe costs O(log n) per entry that became overdue, not a walk of every entry.
+	pending   pendingQueue
+	overdue   int
 	timerStop func() bool // nil when no timer is armed
 	timerAt   time.Time
 	timerID   uint64 // which arming; a round from an earlier one leaves the current timer be
@@ -166,6 +181,7 @@ func (r *Renewer) Add(e *Entry, sentAt time.Time) {
 	e.next = sentAt.Add(e.TTL / 3)
 	e.inFlight, e.removed, e.lost, e.reason = false, false, false, 0
 	heap.Push(&r.queue, e)
+	r.track(e)
 	r.arm()
 }
 
@@ -183,6 +199,7 @@ func (r *Renewer) Remove(e *Entry) (held bool, reason Reason) {
 		return false, 0
 	}
 	heap.Remove(&r.queue, e.index)
+	r.untrack(e)
 	e.removed, e.inFlight = true, false
 	r.arm()
 	return true, 0
@@ -201,18 +218,49 @@ func (r *Renewer) Live(e *Entry) bool {
 // Overdue counts the entries added, not lost, whose last confirmed renewal was sent
 // more than half their ttl ago on the clock: one renewal, due at a third of the ttl,
 // has not been confirmed in time, and the lock is lost at nine tenths unless one is.
+//
+// It costs O(log n) for each entry that became overdue since the last call, and O(1)
+// otherwise: cheap enough for every probe, whatever the number of entries.
 func (r *Renewer) Overdue() int {
 	now := r.cfg.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for _, e := range r.queue {
-		// deadline is the last confirmed send plus ttl less a tenth.
-		if !e.lost && !e.removed && !now.Before(e.deadline.Add(-e.TTL*2/5)) {
-			n++
-		}
+	for len(r.pending) > 0 && !now.Before(r.pending[0].overdueAt()) {
+		e := heap.Pop(&r.pending).(*Entry)
+		e.overdue = true
+		r.overdue++
 	}
-	return n
+	return r.overdue
+}
+
+// track counts e, just added or renewed, as not overdue until its overdueAt. Called
+// with mu held.
+func (r *Renewer) track(e *Entry) {
+	e.overdue = false
+	heap.Push(&r.pending, e)
+}
+
+// renewed moves e, whose deadline moved, to its place in the pending heap. Called with
+// mu held.
+func (r *Renewer) renewed(e *Entry) {
+	if e.overdue {
+		e.overdue = false
+		r.overdue--
+		heap.Push(&r.pending, e)
+		return
+	}
+	heap.Fix(&r.pending, e.oindex)
+}
+
+// untrack stops counting e, which was tracked: it is renewed, removed or lost. Called
+// with mu held.
+func (r *Renewer) untrack(e *Entry) {
+	if e.overdue {
+		e.overdue = false
+		r.overdue--
+		return
+	}
+	heap.Remove(&r.pending, e.oindex)
 }
 
 // Close stops the schedule, cancels the store calls in flight and waits for the rounds
@@ -319,6 +367,7 @@ func (r *Renewer) round(id uint64) {
 		if !now.Before(e.deadline) {
 			// In flight or not: whatever its call says later comes too late.
 			e.lost, e.reason, e.inFlight = true, Expired, false
+			r.untrack(e)
 			expired = append(expired, e)
 			continue
 		}
@@ -433,11 +482,14 @@ func (r *Renewer) renew(group []flight) {
 			e.deadline = Deadline(sentAt, ttl)
 			e.next = sentAt.Add(ttl / 3)
 			heap.Push(&r.queue, e)
+			r.renewed(e)
 		case err == nil:
 			e.lost, e.reason = true, Refused
+			r.untrack(e)
 			lost = append(lost, e)
 		case !now.Before(e.deadline):
 			e.lost, e.reason = true, Expired
+			r.untrack(e)
 			lost = append(lost, e)
 		default:
 			// Retry soon, and be back at the deadline at the latest to call it lost.
@@ -487,5 +539,28 @@ func (q *queue) Pop() any {
 	old[len(old)-1] = nil
 	*q = old[:len(old)-1]
 	e.index = -1
+	return e
+}
+
+// pendingQueue is a min-heap of entries by when their renewal is overdue.
+type pendingQueue []*Entry
+
+func (q pendingQueue) Len() int           { return len(q) }
+func (q pendingQueue) Less(i, j int) bool { return q[i].overdueAt().Before(q[j].overdueAt()) }
+func (q pendingQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].oindex, q[j].oindex = i, j
+}
+func (q *pendingQueue) Push(x any) {
+	e := x.(*Entry)
+	e.oindex = len(*q)
+	*q = append(*q, e)
+}
+func (q *pendingQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*q = old[:len(old)-1]
+	e.oindex = -1
 	return e
 }

@@ -1,0 +1,376 @@
+package pglock
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Every store call a Client makes goes through a watched store, which records its
+// outcome for Health in one place: acquisitions, waits' marks, renewals, releases and
+// hand-backs, campaigns, job ticks, history writes, reads. The store answered (a lock
+// granted or not, a renewal confirmed or refused) is a success; an error is a failure,
+// except bad input (refused before the database is asked) and a call that its context
+// ended: that is the caller giving up, not the database failing, unless the call had
+// already waited patience for an answer and no other call was answered meanwhile.
+
+// probeEvery is how often, while the last store call failed, the client makes a call
+// of its own to find out whether the store answers again: a client that makes no call
+// while it is not ready (its caller waits for readiness) would otherwise stay unready.
+const probeEvery = time.Second
+
+// probeKey is the key of the probe: a Renew of a lock nobody holds, for an owner that
+// holds nothing, so the store answers false and writes nothing.
+const probeKey = "pglock/health-probe"
+
+// calls is what the watched store records: the last answer, the last failure, and the
+// calls waiting for an answer, oldest first.
+type calls struct {
+	clock    Clock
+	patience time.Duration // how long a call may wait for an answer before the client is unready
+	probe    func(ctx context.Context) error
+	ctx      context.Context // the probes'; cancelled at Close
+	cancel   context.CancelFunc
+
+	mu       sync.Mutex
+	answered time.Time    // when the store last answered a call
+	failure  *callFailure // the last call's failure; nil once a call succeeds after it
+	inFlight list.List    // of *flight, by start
+	probing  bool         // a probe is armed or running
+	timer    Timer
+	closed   bool
+	probes   sync.WaitGroup
+}
+
+// callFailure is a store call that failed.
+type callFailure struct {
+	call string
+	at   time.Time
+	err  error
+}
+
+// flight is a store call waiting for its answer.
+type flight struct {
+	ctx   context.Context
+	call  string
+	start time.Time
+	// patience is how long it may wait for an answer: the client's, or half the ttl
+	// of the lock it is about when shorter.
+	patience time.Duration
+	elem     *list.Element // in calls.inFlight; nil for a call that may wait long
+}
+
+// watchStore makes every call of the client to store go through a watched store that
+// feeds Health, and returns it for the client's parts to use. A probe runs at most once
+// a second while the last call failed, until one succeeds or Close.
+func (c *Client) watchStore(store Store) Store {
+	k := &calls{clock: c.clock, patience: c.ttl / 2}
+	k.ctx, k.cancel = context.WithCancel(context.Background())
+	w := watch(store, k)
+	k.probe = func(ctx context.Context) error {
+		_, err := store.Renew(ctx, probeKey, c.instance+"/health-probe", time.Second)
+		return err
+	}
+	c.store, c.health.calls = w, k
+	c.onClose(k.close)
+	return w
+}
+
+// begin records the start of a call named call. A call that may wait long for a good
+// reason (a force-release waits for open fenced transactions) is not counted as
+// waiting.
+func (k *calls) begin(ctx context.Context, call string, ttl time.Duration, mayWait bool) *flight {
+	f := &flight{ctx: ctx, call: call, patience: k.patience}
+	if ttl > 0 {
+		f.patience = min(f.patience, ttl/2)
+	}
+	k.mu.Lock()
+	f.start = k.clock.Now()
+	if !mayWait {
+		f.elem = k.inFlight.PushBack(f)
+	}
+	k.mu.Unlock()
+	return f
+}
+
+// end records the outcome of f: *err is the call's error.
+func (k *calls) end(f *flight, err *error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := k.clock.Now()
+	if f.elem != nil {
+		k.inFlight.Remove(f.elem)
+	}
+	switch e := *err; {
+	case e == nil:
+		k.answered, k.failure = now, nil
+		return
+	case errors.Is(e, ErrInvalidKey) || errors.Is(e, ErrInvalidArgument):
+		return // bad input, refused before the database was asked
+	case f.ctx.Err() != nil:
+		if now.Sub(f.start) < f.patience || k.answered.After(f.start) {
+			return // the caller gave up; or the store answered other calls meanwhile
+		}
+		k.failure = &callFailure{call: f.call, at: now, err: fmt.Errorf("no answer for %v: %w", now.Sub(f.start).Round(time.Millisecond), e)}
+	default:
+		k.failure = &callFailure{call: f.call, at: now, err: e}
+	}
+	k.armProbe()
+}
+
+// armProbe arms a probe unless one is armed or running. Called with mu held.
+func (k *calls) armProbe() {
+	if k.probing || k.closed {
+		return
+	}
+	k.probing = true
+	k.probes.Add(1)
+	k.timer = k.clock.AfterFunc(probeEvery, k.runProbe)
+}
+
+// runProbe makes one probe call, unless a call succeeded since the failure, and arms
+// the next while calls keep failing. Its failure is not recorded: the failure that
+// armed it says more.
+func (k *calls) runProbe() {
+	defer k.probes.Done()
+	k.mu.Lock()
+	if k.closed || k.failure == nil {
+		k.probing = false
+		k.mu.Unlock()
+		return
+	}
+	k.mu.Unlock()
+	ctx, cancel := context.WithTimeout(k.ctx, storeTimeout)
+	err := k.probe(ctx)
+	cancel()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.probing = false
+	if err == nil {
+		k.answered, k.failure = k.clock.Now(), nil
+		return
+	}
+	if k.failure != nil {
+		k.armProbe()
+	}
+}
+
+// close stops the probes, cancels a probe in progress and waits for it.
+func (k *calls) close(context.Context) error {
+	k.mu.Lock()
+	k.closed = true
+	if k.probing && k.timer.Stop() {
+		k.probing = false
+		k.probes.Done()
+	}
+	k.mu.Unlock()
+	k.cancel()
+	k.probes.Wait()
+	return nil
+}
+
+// callState is what Health reads from calls.
+type callState struct {
+	answered time.Time
+	call     string    // the call that failed or waits, empty when neither
+	at       time.Time // when it failed, or when it was sent
+	err      error
+}
+
+// state returns the calls' state now: the last call's failure, or else the oldest call
+// that waited patience for an answer while the store answered nothing.
+func (k *calls) state() callState {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	s := callState{answered: k.answered}
+	if f := k.failure; f != nil {
+		s.call, s.at = f.call, f.at
+		s.err = fmt.Errorf("pglock: store call %s failed: %w", f.call, f.err)
+		return s
+	}
+	if e := k.inFlight.Front(); e != nil {
+		f := e.Value.(*flight)
+		if waited := k.clock.Now().Sub(f.start); waited >= f.patience && !k.answered.After(f.start) {
+			s.call, s.at = f.call, f.start
+			s.err = fmt.Errorf("pglock: store call %s has had no answer for %v", f.call, waited.Round(time.Millisecond))
+		}
+	}
+	return s
+}
+
+// watch returns a Store that records each call of store in k, with the same optional
+// capabilities as store: the parts of a client find them by type assertion. A new
+// capability (an interface a part asserts on the Client's store) must be added here,
+// or a watched store hides it (TestWatchedStoreKeepsTheCapabilities lists them). The
+// unexported ones only the PostgreSQL and memory stores have, so a store of another
+// kind has at most BatchRenewer and HolderReader. A store with another set of
+// capabilities (none known) is returned as it is, unwatched.
+func watch(store Store, k *calls) Store {
+	base := watched{s: store, k: k}
+	batch, isBatch := store.(BatchRenewer)
+	holder, isHolder := store.(HolderReader)
+	marker, isMarker := store.(wantMarker)
+	prune, isPruner := store.(pruner)
+	insp, isInspector := store.(inspector)
+	hist, isHistorian := store.(historian)
+	wb, wh := watchedBatch{batch, k}, watchedHolder{holder, k}
+	wm, wp := watchedMarker{marker, k}, watchedPruner{prune, k}
+	wi, wy := watchedInspector{insp, k}, watchedHistorian{hist, k}
+	switch [6]bool{isBatch, isHolder, isMarker, isPruner, isInspector, isHistorian} {
+	case [6]bool{true, true, true, true, true, true}: // PostgreSQL
+		return &struct {
+			watched
+			watchedBatch
+			watchedHolder
+			watchedMarker
+			watchedPruner
+			watchedInspector
+			watchedHistorian
+		}{base, wb, wh, wm, wp, wi, wy}
+	case [6]bool{false, true, false, true, true, true}: // memory
+		return &struct {
+			watched
+			watchedHolder
+			watchedPruner
+			watchedInspector
+			watchedHistorian
+		}{base, wh, wp, wi, wy}
+	case [6]bool{true, true, false, false, false, false}:
+		return &struct {
+			watched
+			watchedBatch
+			watchedHolder
+		}{base, wb, wh}
+	case [6]bool{true, false, false, false, false, false}:
+		return &struct {
+			watched
+			watchedBatch
+		}{base, wb}
+	case [6]bool{false, true, false, false, false, false}:
+		return &struct {
+			watched
+			watchedHolder
+		}{base, wh}
+	case [6]bool{}:
+		return &base
+	}
+	return store
+}
+
+// unwatched returns the store that s watches, or s: for messages that name its type.
+func unwatched(s Store) Store {
+	if w, ok := s.(interface{ watchedStore() Store }); ok {
+		return w.watchedStore()
+	}
+	return s
+}
+
+type watched struct {
+	s Store
+	k *calls
+}
+
+func (w watched) watchedStore() Store { return w.s }
+
+func (w watched) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (_ int64, _ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
+	return w.s.Acquire(ctx, key, owner, ttl)
+}
+
+func (w watched) Renew(ctx context.Context, key, owner string, ttl time.Duration) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
+	return w.s.Renew(ctx, key, owner, ttl)
+}
+
+func (w watched) Release(ctx context.Context, key, owner string) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
+	return w.s.Release(ctx, key, owner)
+}
+
+type watchedBatch struct {
+	s BatchRenewer
+	k *calls
+}
+
+func (w watchedBatch) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
+	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
+	return w.s.RenewMany(ctx, keys, owners, ttl)
+}
+
+type watchedHolder struct {
+	s HolderReader
+	k *calls
+}
+
+func (w watchedHolder) Holder(ctx context.Context, key string) (_ Holder, err error) {
+	defer w.k.end(w.k.begin(ctx, "holder", 0, false), &err)
+	return w.s.Holder(ctx, key)
+}
+
+type watchedMarker struct {
+	s wantMarker
+	k *calls
+}
+
+func (w watchedMarker) markWanted(ctx context.Context, key string) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "want", 0, false), &err)
+	return w.s.markWanted(ctx, key)
+}
+
+func (w watchedMarker) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (_ int64, _, _ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
+	return w.s.acquireOrWant(ctx, key, owner, ttl)
+}
+
+type watchedPruner struct {
+	s pruner
+	k *calls
+}
+
+func (w watchedPruner) prune(ctx context.Context, olderThan time.Duration, limit int) (_ int64, err error) {
+	defer w.k.end(w.k.begin(ctx, "prune", 0, false), &err)
+	return w.s.prune(ctx, olderThan, limit)
+}
+
+type watchedInspector struct {
+	s inspector
+	k *calls
+}
+
+func (w watchedInspector) listLocks(ctx context.Context, prefix string) (_ []LockInfo, err error) {
+	defer w.k.end(w.k.begin(ctx, "list locks", 0, false), &err)
+	return w.s.listLocks(ctx, prefix)
+}
+
+func (w watchedInspector) forceRelease(ctx context.Context, key string) (_ LockInfo, err error) {
+	defer w.k.end(w.k.begin(ctx, "force release", 0, true), &err) // waits for open fenced transactions
+	return w.s.forceRelease(ctx, key)
+}
+
+type watchedHistorian struct {
+	s historian
+	k *calls
+}
+
+func (w watchedHistorian) recordRun(ctx context.Context, r runRecord, retention time.Duration) (err error) {
+	defer w.k.end(w.k.begin(ctx, "record run", 0, false), &err)
+	return w.s.recordRun(ctx, r, retention)
+}
+
+func (w watchedHistorian) recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) (err error) {
+	defer w.k.end(w.k.begin(ctx, "record skips", 0, false), &err)
+	return w.s.recordSkips(ctx, instance, skips, retention)
+}
+
+func (w watchedHistorian) jobRuns(ctx context.Context, job string, limit int) (_ []JobRun, err error) {
+	defer w.k.end(w.k.begin(ctx, "job runs", 0, false), &err)
+	return w.s.jobRuns(ctx, job, limit)
+}
+
+func (w watchedHistorian) jobs(ctx context.Context) (_ []JobStatus, err error) {
+	defer w.k.end(w.k.begin(ctx, "jobs", 0, false), &err)
+	return w.s.jobs(ctx)
+}
