@@ -355,8 +355,12 @@ func blackholed(t *testing.T, cfg *pgx.ConnConfig) *pgx.ConnConfig {
 
 // BenchmarkCrowd: N waiters over M clients on one pool take one key in turn, holding it
 // 2 ms, with a release waking one waiter per client (one) and, as the baseline in the
-// same run, every waiter (every). One op is one handover. Reported: handover p50 and
-// p99, lock_acquire calls per acquisition, and the longest wait over the mean wait.
+// same run, every waiter (every); one op is one handover. Then the start of a crowd:
+// 100 waiters over 20 clients call Acquire at the same moment, once each, holding the
+// key 2 ms, with listeners that start with the crowd (start-cold) or are up already
+// (start-warm); one op is one such crowd of 100 acquisitions. Reported: handover p50,
+// p99 and longest, lock_acquire calls per acquisition, and the longest wait over the
+// mean wait.
 func BenchmarkCrowd(b *testing.B) {
 	pool := fenceTestDB(b)
 	cfg := pool.Config()
@@ -364,6 +368,13 @@ func BenchmarkCrowd(b *testing.B) {
 	big, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(b, err)
 	defer big.Close()
+	report := func(b *testing.B, res crowdResult) {
+		b.ReportMetric(float64(percentile(res.handovers, 0.5).Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(percentile(res.handovers, 0.99).Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(res.longest().Microseconds())/1000, "max-ms")
+		b.ReportMetric(res.attemptsPerAcquisition(), "attempts/acq")
+		b.ReportMetric(res.fairness(), "maxwait/mean")
+	}
 	for _, size := range [][2]int{{1, 2}, {1, 20}, {5, 4}, {20, 5}} {
 		for _, every := range []bool{true, false} {
 			name := map[bool]string{true: "every", false: "one"}[every]
@@ -375,12 +386,25 @@ func BenchmarkCrowd(b *testing.B) {
 				b.ResetTimer()
 				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d", b.Name(), b.N), n)
 				b.StopTimer()
-				b.ReportMetric(float64(percentile(res.handovers, 0.5).Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(percentile(res.handovers, 0.99).Microseconds())/1000, "p99-ms")
-				b.ReportMetric(res.attemptsPerAcquisition(), "attempts/acq")
-				b.ReportMetric(res.fairness(), "maxwait/mean")
+				report(b, res)
 			})
 		}
+	}
+	for _, warm := range []bool{false, true} {
+		b.Run("20x5/start-"+map[bool]string{false: "cold", true: "warm"}[warm], func(b *testing.B) {
+			var all crowdResult
+			for i := range b.N {
+				cr := crowd{clients: 20, waitersEach: 5, hold: 2 * time.Millisecond, once: true, warm: warm}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d/%d", b.Name(), b.N, i), 0)
+				cancel()
+				all.acquisitions += res.acquisitions
+				all.attempts += res.attempts
+				all.handovers = append(all.handovers, res.handovers...)
+				all.waits = append(all.waits, res.waits...)
+			}
+			report(b, all)
+		})
 	}
 }
 
@@ -399,12 +423,17 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, holder.Close(context.Background())) }()
 	key := "wait-zero/" + t.Name()
-	_, err = holder.TryAcquire(ctx, key, TTL(300*time.Millisecond)) // never renewed: its clock is stopped
-	require.NoError(t, err)
-
 	c, err := newClient(store, "New", []Option{listenOn(pool.Config().ConnConfig), WithClock(clock)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(context.Background())) }()
+	// Its listener up first: one still connecting would have the waiter poll, and take
+	// the key itself once it expired.
+	waitOnce(ctx, t, c, key+"/warm")
+
+	const ttl = time.Second
+	_, err = holder.TryAcquire(ctx, key, TTL(ttl)) // never renewed: its clock is stopped
+	require.NoError(t, err)
+	expires := time.Now().Add(ttl) // on the database clock, before that
 	parkedCtx, stopParked := context.WithCancel(ctx)
 	parked := make(chan error, 1)
 	go func() {
@@ -415,9 +444,9 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 		c.listener.mu.Lock()
 		defer c.listener.mu.Unlock()
 		return c.listener.up && len(c.listener.waiters[key]) == 1
-	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
+	}, ttl/2, time.Millisecond, "the first waiter parks behind a listening connection")
 
-	time.Sleep(400 * time.Millisecond) // database time: the holder's lock expires, unreleased
+	time.Sleep(time.Until(expires) + 100*time.Millisecond) // database time: the holder's lock expires, unreleased
 	l, err := c.Acquire(ctx, key, Wait(0))
 	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
 	require.NoError(t, l.Release(ctx))
