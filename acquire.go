@@ -255,18 +255,50 @@ func mayHaveReached(err error) bool {
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a
-// campaigning election): it marks the key wanted, then waits up to pause for the
-// release that wakes it; a key that looked free is tried again at once (freeAgain),
-// unless the waiter is behind another of this client's waiters, who tries: it waits
-// for its turn then. free counts the times in a row the key looked free. It returns
-// ctx's cause when ctx ends first.
+// campaigning election). Behind another of this client's waiters, who tries and marks
+// the key, it only waits for its turn. Otherwise it marks the key wanted, then waits up
+// to pause for the release that wakes it; a key that looked free is tried again at once
+// (freeAgain), and so is a key that no release can wake it for yet (startingPoll). free
+// counts the times in a row the key looked free. It returns ctx's cause when ctx ends
+// first.
 func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, free *int) error {
-	if !w.want(ctx) && !w.behind() {
+	if w.behind() {
+		*free = 0
+		return c.sleepOrWake(ctx, pause, w.woken())
+	}
+	if !w.want(ctx) {
 		return freeAgain(ctx, free, pause, w.woken())
 	}
 	*free = 0
+	if w.l.isStarting() {
+		return startingPoll(ctx, pause, w.woken())
+	}
 	return c.sleepOrWake(ctx, pause, w.woken())
 }
+
+// startingPoll is the pause of a waiter whose listener's first connection is under way,
+// at the start of a crowd: no release can wake it until the listener is up, which takes
+// a second or more on a loaded machine, while the backoff grows towards a second; and
+// the waiters that lose leave nothing marked, so a key released meanwhile stays free
+// until someone tries. So it tries every startingPollEvery at most (jittered), on the real
+// clock as freeAgain does, one waiter per client (the head of its queue): with n
+// clients, a free key waits startingPollEvery/n on average. The listener's coming up
+// wakes it.
+func startingPoll(ctx context.Context, pause time.Duration, wake <-chan struct{}) error {
+	t := time.NewTimer(min(pause, jitter(startingPollEvery)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-wake:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// startingPollEvery is the longest pause of startingPoll.
+const startingPollEvery = 40 * time.Millisecond
 
 // freeAgain is a waiter's step when marking its key found it free (released in
 // between): try again soon, not after the pause. Not at once: the release that freed

@@ -3,15 +3,20 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/tcpproxy"
 )
 
 // countingStore is the PostgreSQL store counting its lock_acquire calls. It keeps the
@@ -19,11 +24,17 @@ import (
 type countingStore struct {
 	*postgresStore
 	attempts *atomic.Int64
+	marks    *atomic.Int64 // lock_want calls
 }
 
 func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
 	s.attempts.Add(1)
 	return s.postgresStore.Acquire(ctx, key, owner, ttl)
+}
+
+func (s countingStore) markWanted(ctx context.Context, key string) (bool, error) {
+	s.marks.Add(1)
+	return s.postgresStore.markWanted(ctx, key)
 }
 
 func (s countingStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
@@ -49,14 +60,34 @@ type crowd struct {
 	hold                 time.Duration
 	everyWaiter          bool  // wake every waiter at a release (the old behaviour)
 	clock                Clock // nil: the real clock
+	// once makes it the start of a crowd: every waiter calls Acquire at the same
+	// moment, once, and leaves when it has held the key (n is then ignored).
+	once bool
+	// warm has each client wait once before the crowd, so that its listener is up when
+	// the crowd starts; otherwise it starts with the crowd.
+	warm bool
+	// listen is where the clients' listeners connect; nil: the pool's server.
+	listen *pgx.ConnConfig
 }
 
 // crowdResult is what a crowd run measured.
 type crowdResult struct {
 	acquisitions int
 	attempts     int64
-	handovers    []time.Duration // from a holder's Release call to the next acquisition
-	waits        []time.Duration // from each Acquire call to its acquisition
+	marks        int64 // lock_want calls
+	// firstAttempts is how many attempts had been sent when the first acquisition came
+	// back, the winning one included.
+	firstAttempts int64
+	handovers     []time.Duration // from a holder's Release call to the next acquisition
+	waits         []time.Duration // from each Acquire call to its acquisition
+}
+
+// longest returns the longest handover.
+func (r crowdResult) longest() time.Duration {
+	if len(r.handovers) == 0 {
+		return 0
+	}
+	return slices.Max(r.handovers)
 }
 
 func (r crowdResult) attemptsPerAcquisition() float64 {
@@ -85,9 +116,13 @@ func (r crowdResult) fairness() float64 {
 // or when ctx ends first (a wake-up was lost, with a stopped clock).
 func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key string, n int) crowdResult {
 	tb.Helper()
-	var attempts atomic.Int64
-	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts}
-	opts := []Option{listenOn(pool.Config().ConnConfig), TTL(30 * time.Second), WithInstanceName("crowd")}
+	var attempts, marks atomic.Int64
+	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks}
+	listen := cr.listen
+	if listen == nil {
+		listen = pool.Config().ConnConfig
+	}
+	opts := []Option{listenOn(listen), TTL(30 * time.Second), WithInstanceName("crowd")}
 	if cr.clock != nil {
 		opts = append(opts, WithClock(cr.clock))
 	}
@@ -100,17 +135,25 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 		wg        sync.WaitGroup
 		failed    atomic.Value
 	)
+	if cr.once {
+		n = cr.clients * cr.waitersEach
+	}
 	remaining.Store(int64(n))
 	fail := func(err error) { failed.CompareAndSwap(nil, err) }
+	ready := make(chan struct{}) // closed when every waiter may start
 	for range cr.clients {
 		c, err := newClient(store, "New", opts)
 		require.NoError(tb, err)
 		c.listener.everyWaiter = cr.everyWaiter
 		defer func() { require.NoError(tb, c.Close(context.Background())) }()
+		if cr.warm {
+			waitOnce(ctx, tb, c, key+"/warm")
+		}
 		for range cr.waitersEach {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				<-ready
 				for remaining.Load() > 0 && failed.Load() == nil {
 					start := time.Now()
 					l, err := c.Acquire(ctx, key)
@@ -125,6 +168,9 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 					left := remaining.Add(-1)
 					if left >= 0 {
 						mu.Lock()
+						if res.acquisitions == 0 {
+							res.firstAttempts = attempts.Load()
+						}
 						res.acquisitions++
 						res.waits = append(res.waits, now.Sub(start))
 						if r := released.Load(); r != 0 {
@@ -139,16 +185,64 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 						fail(fmt.Errorf("release: %w", err))
 						return
 					}
+					if cr.once {
+						return
+					}
 				}
 			}()
 		}
 	}
+	openAll(ctx, tb, pool)
+	attempts.Store(0) // the warm-up's do not count
+	marks.Store(0)
+	close(ready)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatalf("crowd of %d×%d: %v", cr.clients, cr.waitersEach, err)
 	}
 	res.attempts = attempts.Load()
+	res.marks = marks.Load()
 	return res
+}
+
+// openAll opens every connection the pool may have, so that no call of the crowd waits
+// for a new one (which takes a second on a loaded machine): as an application's pool
+// in its steady state.
+func openAll(ctx context.Context, tb testing.TB, pool *pgxpool.Pool) {
+	tb.Helper()
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	var g sync.WaitGroup
+	for i := range conns {
+		g.Go(func() {
+			c, err := pool.Acquire(ctx)
+			assert.NoError(tb, err)
+			conns[i] = c
+		})
+	}
+	g.Wait()
+	for _, c := range conns {
+		if c != nil {
+			c.Release()
+		}
+	}
+}
+
+// waitOnce has c wait once for a key held by another client, so that c's listener is up
+// (as a client's that has waited before): it returns when the listener listens.
+func waitOnce(ctx context.Context, tb testing.TB, c *Client, key string) {
+	tb.Helper()
+	_, _, err := c.store.Acquire(ctx, key, "someone else", time.Minute)
+	require.NoError(tb, err)
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := c.Acquire(wctx, key)
+		assert.ErrorIs(tb, err, context.Canceled)
+	}()
+	require.Eventually(tb, c.listener.listening, 10*time.Second, time.Millisecond, "the listener of a waiting client is up")
+	stop()
+	<-done
 }
 
 // TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp: 20 waiters over 5 clients whose clock is
@@ -188,10 +282,85 @@ func TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp(t *testing.T) {
 	}
 }
 
+// TestCrowdStartNeverLeavesAFreeKeyIdle: 100 waiters over 20 clients call Acquire at the
+// same moment, once each, and hold the key 1 ms. Their clock is stopped, so that no
+// waiter ever polls on it: the key goes on only because a release woke a waiter, the
+// waiter before in a client's queue passed the turn on, or a waiter that nothing can
+// wake yet tried on its own.
+//
+// cold: the clients' listeners start with the crowd and cannot connect during it (their
+// link is a black hole), as a listener that starts with a crowd on a loaded machine may
+// take a second or more: no release wakes anyone, and a free key must not wait for the
+// listeners (before, every waiter parked until its listener was up, here for good).
+// warm: each client has waited once before, its listener is up; one attempt per client
+// starts the crowd (before, all 100 waiters tried at once, then marked the key, and the
+// first holder's release queued behind those 200 calls).
+//
+// Every waiter gets the key, never two at once, with at most one attempt per client and
+// acquisition, and no handover near the second that a waiter's backoff reaches.
+func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	cfg := pool.Config()
+	cfg.MaxConns = 40
+	big, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer big.Close()
+	for _, warm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
+			cr := crowd{clients: 20, waitersEach: 5, hold: time.Millisecond, once: true, warm: warm, clock: stoppedClock{time.Now()}}
+			if !warm {
+				cr.listen = blackholed(t, cfg.ConnConfig)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			res := cr.run(ctx, t, big, "crowd/"+t.Name(), 0)
+			t.Logf("%d acquisitions, %d attempts before the first, %.1f attempts and %.1f marks each, handover p50 %v p99 %v, longest %v",
+				res.acquisitions, res.firstAttempts, res.attemptsPerAcquisition(), float64(res.marks)/float64(res.acquisitions),
+				percentile(res.handovers, 0.5).Round(10*time.Microsecond), percentile(res.handovers, 0.99).Round(10*time.Microsecond),
+				res.longest().Round(10*time.Microsecond))
+			require.Equal(t, cr.clients*cr.waitersEach, res.acquisitions)
+			if warm {
+				assert.LessOrEqual(t, res.firstAttempts, int64(cr.clients), "attempts sent before the first acquisition")
+			}
+			assert.LessOrEqual(t, res.attemptsPerAcquisition(), float64(cr.clients), "attempts per acquisition")
+			assert.Less(t, res.longest(), crowdStartLongestHandover, "the longest handover")
+		})
+	}
+}
+
+// crowdStartLongestHandover bounds the longest handover of
+// TestCrowdStartNeverLeavesAFreeKeyIdle: generous for a loaded 2-core machine under
+// -race (100 goroutines, 20 listeners and PostgreSQL on it; 270 ms seen at a load
+// average of 27), and no more than the backoff a waiter's polls reach, which the
+// stopped clock never lets it make: a handover that long was not a wake-up's.
+const crowdStartLongestHandover = time.Second
+
+// blackholed returns cfg leading to a TCP proxy that passes nothing on: a connection
+// made with it never gets an answer. The proxy is closed when the test ends.
+func blackholed(t *testing.T, cfg *pgx.ConnConfig) *pgx.ConnConfig {
+	t.Helper()
+	p, err := tcpproxy.New(tcpproxy.To(cfg.Host, cfg.Port))
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	p.Blackhole()
+	host, port, err := net.SplitHostPort(p.Addr())
+	require.NoError(t, err)
+	n, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	cfg = cfg.Copy()
+	cfg.Host, cfg.Port, cfg.Fallbacks = host, uint16(n), nil
+	return cfg
+}
+
 // BenchmarkCrowd: N waiters over M clients on one pool take one key in turn, holding it
 // 2 ms, with a release waking one waiter per client (one) and, as the baseline in the
-// same run, every waiter (every). One op is one handover. Reported: handover p50 and
-// p99, lock_acquire calls per acquisition, and the longest wait over the mean wait.
+// same run, every waiter (every); one op is one handover. Then the start of a crowd:
+// 100 waiters over 20 clients call Acquire at the same moment, once each, holding the
+// key 2 ms, with listeners that start with the crowd (start-cold) or are up already
+// (start-warm); one op is one such crowd of 100 acquisitions. Reported: handover p50,
+// p99 and longest, lock_acquire calls per acquisition, and the longest wait over the
+// mean wait.
 func BenchmarkCrowd(b *testing.B) {
 	pool := fenceTestDB(b)
 	cfg := pool.Config()
@@ -199,6 +368,13 @@ func BenchmarkCrowd(b *testing.B) {
 	big, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(b, err)
 	defer big.Close()
+	report := func(b *testing.B, res crowdResult) {
+		b.ReportMetric(float64(percentile(res.handovers, 0.5).Microseconds())/1000, "p50-ms")
+		b.ReportMetric(float64(percentile(res.handovers, 0.99).Microseconds())/1000, "p99-ms")
+		b.ReportMetric(float64(res.longest().Microseconds())/1000, "max-ms")
+		b.ReportMetric(res.attemptsPerAcquisition(), "attempts/acq")
+		b.ReportMetric(res.fairness(), "maxwait/mean")
+	}
 	for _, size := range [][2]int{{1, 2}, {1, 20}, {5, 4}, {20, 5}} {
 		for _, every := range []bool{true, false} {
 			name := map[bool]string{true: "every", false: "one"}[every]
@@ -210,12 +386,25 @@ func BenchmarkCrowd(b *testing.B) {
 				b.ResetTimer()
 				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d", b.Name(), b.N), n)
 				b.StopTimer()
-				b.ReportMetric(float64(percentile(res.handovers, 0.5).Microseconds())/1000, "p50-ms")
-				b.ReportMetric(float64(percentile(res.handovers, 0.99).Microseconds())/1000, "p99-ms")
-				b.ReportMetric(res.attemptsPerAcquisition(), "attempts/acq")
-				b.ReportMetric(res.fairness(), "maxwait/mean")
+				report(b, res)
 			})
 		}
+	}
+	for _, warm := range []bool{false, true} {
+		b.Run("20x5/start-"+map[bool]string{false: "cold", true: "warm"}[warm], func(b *testing.B) {
+			var all crowdResult
+			for i := range b.N {
+				cr := crowd{clients: 20, waitersEach: 5, hold: 2 * time.Millisecond, once: true, warm: warm}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d/%d", b.Name(), b.N, i), 0)
+				cancel()
+				all.acquisitions += res.acquisitions
+				all.attempts += res.attempts
+				all.handovers = append(all.handovers, res.handovers...)
+				all.waits = append(all.waits, res.waits...)
+			}
+			report(b, all)
+		})
 	}
 }
 
@@ -234,12 +423,17 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, holder.Close(context.Background())) }()
 	key := "wait-zero/" + t.Name()
-	_, err = holder.TryAcquire(ctx, key, TTL(300*time.Millisecond)) // never renewed: its clock is stopped
-	require.NoError(t, err)
-
 	c, err := newClient(store, "New", []Option{listenOn(pool.Config().ConnConfig), WithClock(clock)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(context.Background())) }()
+	// Its listener up first: one still connecting would have the waiter poll, and take
+	// the key itself once it expired.
+	waitOnce(ctx, t, c, key+"/warm")
+
+	const ttl = time.Second
+	_, err = holder.TryAcquire(ctx, key, TTL(ttl)) // never renewed: its clock is stopped
+	require.NoError(t, err)
+	expires := time.Now().Add(ttl) // on the database clock, before that
 	parkedCtx, stopParked := context.WithCancel(ctx)
 	parked := make(chan error, 1)
 	go func() {
@@ -250,9 +444,9 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 		c.listener.mu.Lock()
 		defer c.listener.mu.Unlock()
 		return c.listener.up && len(c.listener.waiters[key]) == 1
-	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
+	}, ttl/2, time.Millisecond, "the first waiter parks behind a listening connection")
 
-	time.Sleep(400 * time.Millisecond) // database time: the holder's lock expires, unreleased
+	time.Sleep(time.Until(expires) + 100*time.Millisecond) // database time: the holder's lock expires, unreleased
 	l, err := c.Acquire(ctx, key, Wait(0))
 	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
 	require.NoError(t, l.Release(ctx))

@@ -24,25 +24,28 @@ const (
 
 // listener wakes a Client's waiters (Acquire calls and campaigning elections) when the
 // key they wait for is released. With a connection configuration and a store that can
-// mark a key wanted, it LISTENs on one dedicated connection, opened when the first
-// waiter subscribes and closed by Client.Close, reconnecting with backoff. Without
-// one, waiters only poll; Close still wakes them.
+// mark a key wanted, it LISTENs on one dedicated connection, opened when a waiter first
+// loses an attempt and closed by Client.Close, reconnecting with backoff. Without one,
+// waiters only poll; Close still wakes them.
 //
-// A waiter subscribes after its first failed attempt and then marks the key wanted
-// (waiter.want), only while the connection LISTENs: a release then notifies, and the
-// mark is never set without a listener to hear it. Notifications missed while the
-// connection was down are made up for by waking every waiter when it is back: each
-// tries again, and marks the key again.
+// A waiter queues behind its client's other waiters of the key as soon as it calls
+// (waiter.join), listener up or not: only the head of the queue tries, from the very
+// start of a crowd. After a failed attempt the head marks the key wanted (waiter.want),
+// only while the connection LISTENs: a release then notifies, and the mark is never set
+// without a listener to hear it. Until the first connection is up (a second or more on
+// a loaded machine) nothing can wake it, so it polls every few milliseconds
+// (startingPoll). Notifications missed while the connection was down are made up for by
+// waking every waiter when it is back: each head tries again, and marks the key again.
 //
 // A release wakes one waiter of its key per client, the one that has waited longest
 // here, not all of them: each client with waiters makes one attempt per handover, and
-// the rest of its waiters stay parked, so the attempts grow with the clients, not
-// with the waiters. The woken waiter tries, and, if it lost, marks the key again for
-// every client (one mark serves all), then parks at the head of the queue. When it
-// leaves the queue (it won, or its ctx ended), the next waiter is woken: it marks the
-// key, and tries only if the key turns out free, so that the next release notifies even
-// when every waiter was in this client. Waiters of one client are thus served in order; across clients, the
-// first attempt to land wins.
+// the rest of its waiters stay parked, making no call, so the attempts grow with the
+// clients, not with the waiters. The woken waiter tries, and, if it lost, marks the key
+// again for every client (one mark serves all), then parks at the head of the queue.
+// When it leaves the queue (it won, or its ctx ended), the next waiter is woken: it
+// marks the key, and tries only if the key turns out free, so that the next release
+// notifies even when every waiter was in this client. Waiters of one client are thus
+// served in order; across clients, the first attempt to land wins.
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
 	marker wantMarker
@@ -58,8 +61,11 @@ type listener struct {
 	waiters map[string][]*waiter // by key, in the order they subscribed
 	up      bool                 // LISTEN is active
 	closed  bool
-	cancel  context.CancelFunc // set when the connection's goroutine starts
-	done    chan struct{}      // closed when it ends
+	// starting is set while the first connection is under way (a second or more on a
+	// loaded machine): the waiters' heads poll (startingPoll).
+	starting bool
+	cancel   context.CancelFunc // set when the connection's goroutine starts
+	done     chan struct{}      // closed when it ends
 }
 
 func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger) *listener {
@@ -88,13 +94,12 @@ type waiter struct {
 
 func (l *listener) waiter(key string) *waiter { return &waiter{l: l, key: key} }
 
-// want is called after a failed attempt on the key. It subscribes the waiter (the first
-// time) and, while the listener LISTENs, marks the key wanted so that its release
-// notifies. It reports false when the key was released in between: try again now.
+// want is called after a failed attempt on the key. It subscribes the waiter (unless it
+// joined the queue), starts the listener's connection (the first time) and, while the
+// listener LISTENs, marks the key wanted so that its release notifies. It reports false
+// when the key was released in between: try again now.
 func (w *waiter) want(ctx context.Context) bool {
-	if w.ch == nil {
-		w.l.subscribe(w)
-	}
+	w.l.subscribe(w)
 	if !w.l.listening() {
 		return true
 	}
@@ -124,31 +129,33 @@ func (w *waiter) marking() (wantMarker, uint64, bool) {
 // began when the waiter had been woken wakes times: a wake since voids it.
 func (w *waiter) marked(wakes uint64) { w.markedAt.Store(wakes + 1) }
 
-// join subscribes the waiter behind its client's other waiters of the key, when there
-// are any and the listener listens, and reports whether it did: the waiter then waits
-// its turn (marking the key) before its first attempt, rather than try alongside the
-// head of the queue, whom the next release wakes.
+// join subscribes the waiter at the back of its client's queue for the key, when the
+// client can listen, and reports whether it is behind another waiter: it then waits its
+// turn (see takeBaton) before its first attempt, rather than try alongside the head of
+// the queue, whom the next release wakes. The head makes the attempts of a crowd from
+// its very start, listener up or not. It does not start the listener: a waiter whose
+// first attempt wins never needs it.
 func (w *waiter) join() bool {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.up || l.closed || l.everyWaiter || len(l.waiters[w.key]) == 0 {
+	if l.config == nil || l.closed || l.everyWaiter {
 		return false
 	}
 	w.ch = make(chan struct{}, 1)
 	l.waiters[w.key] = append(l.waiters[w.key], w)
-	return true
+	return len(l.waiters[w.key]) > 1
 }
 
-// behind reports whether the listener listens and the waiter is queued behind another
-// waiter of its client: it then leaves the attempts to the head of the queue, whom a
-// release wakes, and waits for its turn.
+// behind reports whether the waiter is queued behind another waiter of its client: it
+// then leaves the attempts, and marking the key, to the head of the queue, whom a
+// release wakes (or who polls while the listener is not up), and waits for its turn.
 func (w *waiter) behind() bool {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	queue := l.waiters[w.key]
-	return l.up && !l.closed && !l.everyWaiter && len(queue) > 1 && queue[0] != w && slices.Contains(queue, w)
+	return l.config != nil && !l.closed && !l.everyWaiter && len(queue) > 1 && queue[0] != w && slices.Contains(queue, w)
 }
 
 // takeBaton reports, once, whether the waiter was last woken because the waiter before
@@ -187,20 +194,23 @@ func (w *waiter) stop() {
 	}
 }
 
-// subscribe gives w its channel and adds it to the key's waiters.
+// subscribe adds w to the key's waiters, unless it joined them already, and starts the
+// listener's connection if it has none.
 func (l *listener) subscribe(w *waiter) {
-	key := w.key
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	w.ch = make(chan struct{}, 1)
-	if l.closed {
-		w.ch <- struct{}{} // the waiter's next attempt meets ErrClosed
-		return
+	if w.ch == nil {
+		w.ch = make(chan struct{}, 1)
+		if l.closed {
+			w.ch <- struct{}{} // the waiter's next attempt meets ErrClosed
+			return
+		}
+		l.waiters[w.key] = append(l.waiters[w.key], w)
 	}
-	l.waiters[key] = append(l.waiters[key], w)
-	if l.config != nil && l.cancel == nil {
+	if l.config != nil && l.cancel == nil && !l.closed {
 		var ctx context.Context
 		ctx, l.cancel = context.WithCancel(context.Background())
+		l.starting = true
 		go l.run(ctx)
 	}
 }
@@ -209,6 +219,14 @@ func (l *listener) listening() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.up
+}
+
+// isStarting reports whether the listener's first connection is under way: until it is
+// up, no release can wake a waiter.
+func (l *listener) isStarting() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.starting
 }
 
 // wakeAll signals every waiter. Called with mu held.
@@ -266,6 +284,9 @@ func (l *listener) run(ctx context.Context) {
 	backoff, down := listenerMinBackoff, false
 	for {
 		conn, err := l.connect(ctx)
+		l.mu.Lock()
+		l.starting = false
+		l.mu.Unlock()
 		if err == nil {
 			if down {
 				l.logger.Info("pglock: listener reconnected")
