@@ -73,7 +73,9 @@ func TestCrashLosesAReleaseOnlyUntilItsExpiry(t *testing.T) {
 	url, crash := crashServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	const ttl = 2 * time.Second
+	// Longer than a restart on a loaded machine (2 to 4 s here), which the test waits
+	// out: a lease that expires during the restart shows nothing.
+	const ttl = 8 * time.Second
 	for attempt := 1; attempt <= 5; attempt++ {
 		key := fmt.Sprintf("crash/lost-release/%d/%d", time.Now().UnixNano(), attempt)
 		a, _, closeA := crashClient(t, url, "crash-a")
@@ -87,7 +89,15 @@ func TestCrashLosesAReleaseOnlyUntilItsExpiry(t *testing.T) {
 		h, err := pglock.NewPostgresStore(pool).(pglock.HolderReader).Holder(ctx, key)
 		require.NoError(t, err)
 		if !h.Held {
-			t.Logf("attempt %d: the release was flushed before the crash; again", attempt)
+			// A released row has no owner; a row whose release was lost keeps it after
+			// its expiry.
+			var owner *string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT owner FROM pglock.locks WHERE key = $1`, key).Scan(&owner))
+			if owner == nil {
+				t.Logf("attempt %d: the release was flushed before the crash; again", attempt)
+			} else {
+				t.Logf("attempt %d: the crash lost the release, but the restart outlasted the ttl; again", attempt)
+			}
 			continue
 		}
 		require.Equal(t, l.Owner(), h.Owner, "a lost release brings back its own holder, nobody else")
@@ -103,7 +113,8 @@ func TestCrashLosesAReleaseOnlyUntilItsExpiry(t *testing.T) {
 		require.NoError(t, err)
 		waited := time.Since(start)
 		require.Greater(t, l2.Token(), l.Token(), "the next holder's token is greater")
-		require.LessOrEqual(t, waited, h.ExpiresIn+time.Second, "the next holder waited for the expiry, not longer")
+		// Its retries back off up to 1 s: a second for them, one for a loaded machine.
+		require.LessOrEqual(t, waited, h.ExpiresIn+2*time.Second, "the next holder waited for the expiry, not much longer")
 		t.Logf("the next holder took %q with token %d after %v", key, l2.Token(), waited.Round(time.Millisecond))
 		require.NoError(t, l2.Release(ctx))
 		return
