@@ -113,8 +113,8 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			ctx := t.Context()
 			pool := fencedTxDB(t)
 			store := pglock.NewPostgresStore(pool)
-			c := newClient(t, store, pglock.TTL(time.Second))
-			other := newClient(t, store, pglock.TTL(time.Second))
+			c := newClient(t, store, pglock.TTL(2*time.Second))
+			other := newClient(t, store, pglock.TTL(2*time.Second))
 			a, err := c.TryAcquire(ctx, "fenced:a")
 			require.NoError(t, err)
 			b, err := c.TryAcquire(ctx, "fenced:b")
@@ -127,8 +127,27 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			require.NoError(t, err)
 			require.EqualValues(t, 1, written)
 
-			// Real time: renewals fall due while tx is open, and another client tries.
-			for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			// A renewal of both keys does not wait for tx: under a lock_timeout it would
+			// fail (55P03), whatever the machine's load.
+			err = pgx.BeginFunc(ctx, pool, func(renewal pgx.Tx) error {
+				if _, err := renewal.Exec(ctx, "SET LOCAL lock_timeout = '500ms'"); err != nil {
+					return err
+				}
+				rows, err := renewal.Query(ctx, "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], 2000)",
+					[]string{a.Key(), b.Key()}, []string{a.Owner(), b.Owner()})
+				if err != nil {
+					return err
+				}
+				renewed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				require.NoError(t, err)
+				require.ElementsMatch(t, []string{a.Key(), b.Key()}, renewed)
+				return nil
+			})
+			require.NoError(t, err, "the batched renewal waited for the fenced tx")
+
+			// Real time: the client's renewals fall due while tx is open, past the ttl,
+			// and another client tries.
+			for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 				_, err := other.TryAcquire(ctx, a.Key())
 				require.ErrorIs(t, err, pglock.ErrNotAcquired)
 			}
