@@ -92,13 +92,12 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // meets the locked row fails at once (Acquire retries), even after the lease expired.
 // No new token exists before the write is settled.
 //
-// Under READ COMMITTED the row lock is FOR KEY SHARE: the holder's renewals (and its
-// release) go on while the transaction is open, so a slow transaction costs no lock
-// its lease, and lock_held reads the latest committed row at each statement. Under
-// REPEATABLE READ or SERIALIZABLE it is FOR SHARE, because the transaction's snapshot
-// could not see a takeover otherwise: a takeover committed after the snapshot makes
-// the write fail with a serialization error (SQLSTATE 40001) instead of writing, and
-// the lock's renewals wait for the transaction, so keep such transactions short.
+// The row lock is FOR KEY SHARE at every isolation level: the holder's renewals (and
+// its release) go on while the transaction is open, so a slow transaction costs no
+// lock its lease. Under READ COMMITTED lock_held reads the latest committed row at each
+// statement. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot could not
+// see a takeover, so a row changed after the snapshot makes the write fail with a
+// serialization error (SQLSTATE 40001) instead of writing (migration 000011).
 //
 // As with FenceUpdate, an unquoted identifier ending in $ and digits (x$1) is not safe
 // under pgx's simple protocol; dollar-quoted strings are.

@@ -1,0 +1,215 @@
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// The SQL functions are the last line for every caller, a role granted only EXECUTE as
+// much as the Go API: they refuse what the Go API refuses (a key of 1 to MaxKeyLength
+// characters, an owner, a ttl from MinTTL to MaxTTL), with lock_prune's SQLSTATE,
+// invalid_parameter_value, and write nothing.
+
+// TestSQLFunctionsRefuseWhatTheGoAPIRefuses calls each function that writes or row-locks
+// with each argument out of range, as an application role with README's grants.
+func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pglocktest.PostgresURL(t)
+	admin := pglocktest.Pool(t, dbURL, 2)
+	app := pglocktest.Pool(t, newRole(t, dbURL, appGrants...), 2)
+	long := strings.Repeat("é", pglock.MaxKeyLength+1) // characters, not bytes
+	maxTTL := int64(pglock.MaxTTL / time.Millisecond)
+	type call struct {
+		name string
+		sql  string
+		args []any
+	}
+	var calls []call
+	for _, f := range []string{"lock_acquire", "lock_acquire_or_want", "lock_renew"} {
+		q := "SELECT pglock." + f + "($1, $2, $3)"
+		calls = append(calls,
+			call{f + " of an empty key", q, []any{"", "o", 1000}},
+			call{f + " of a key too long", q, []any{long, "o", 1000}},
+			call{f + " with an empty owner", q, []any{"k", "", 1000}},
+			call{f + " with a ttl of 0", q, []any{"k", "o", 0}},
+			call{f + " with a negative ttl", q, []any{"k", "o", -1}},
+			call{f + " with a ttl over a year", q, []any{"k", "o", maxTTL + 1}},
+			call{f + " with a ttl past an interval's range", q, []any{"k", "o", int64(1<<63 - 1)}},
+		)
+	}
+	many := "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], $3)"
+	calls = append(calls,
+		call{"lock_renew_many of an empty key", many, []any{[]string{"k", ""}, []string{"o", "o"}, 1000}},
+		call{"lock_renew_many of a key too long", many, []any{[]string{long}, []string{"o"}, 1000}},
+		call{"lock_renew_many with an empty owner", many, []any{[]string{"k"}, []string{""}, 1000}},
+		call{"lock_renew_many with a null key", many, []any{[]*string{nil}, []string{"o"}, 1000}},
+		call{"lock_renew_many with more keys than owners", many, []any{[]string{"k", "l"}, []string{"o"}, 1000}},
+		call{"lock_renew_many with a ttl of 0", many, []any{[]string{"k"}, []string{"o"}, 0}},
+		call{"lock_renew_many with a ttl past an interval's range", many, []any{[]string{"k"}, []string{"o"}, int64(1<<63 - 1)}},
+	)
+	for _, f := range []string{"lock_release", "lock_release_async"} {
+		q := "SELECT pglock." + f + "($1, $2)"
+		calls = append(calls,
+			call{f + " of an empty key", q, []any{"", "o"}},
+			call{f + " of a key too long", q, []any{long, "o"}},
+			call{f + " with an empty owner", q, []any{"k", ""}},
+		)
+	}
+	for f, q := range map[string]string{
+		"lock_want":          "SELECT pglock.lock_want($1)",
+		"lock_held":          "SELECT pglock.lock_held($1, 1)",
+		"lock_force_release": "SELECT * FROM pglock.lock_force_release($1)",
+		"job_run_record":     "SELECT pglock.job_run_record($1, 'i', 'o', 1, 0, 0, 'ok', NULL, 60000)",
+	} {
+		calls = append(calls,
+			call{f + " of an empty key", q, []any{""}},
+			call{f + " of a key too long", q, []any{long}},
+		)
+	}
+	for _, c := range calls {
+		_, err := app.Exec(ctx, c.sql, c.args...)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: want invalid_parameter_value, got %v", c.name, err)
+		require.Equal(t, "22023", pgErr.Code, "%s: %s", c.name, pgErr.Message)
+	}
+	var rows, runs int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM pglock.locks), (SELECT count(*) FROM pglock.job_runs)").
+		Scan(&rows, &runs))
+	require.Zero(t, rows, "a refused call wrote a lock")
+	require.Zero(t, runs, "a refused call wrote a run")
+}
+
+// TestSQLFunctionsTakeWhatTheGoAPITakes: the limits themselves are allowed: a key of
+// MaxKeyLength characters (more bytes), a ttl of MinTTL and of MaxTTL.
+func TestSQLFunctionsTakeWhatTheGoAPITakes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pglocktest.PostgresURL(t)
+	app := pglocktest.Pool(t, newRole(t, dbURL, appGrants...), 2)
+	key := strings.Repeat("é", pglock.MaxKeyLength)
+	maxTTL := int64(pglock.MaxTTL / time.Millisecond)
+	var token int64
+	require.NoError(t, app.QueryRow(ctx, "SELECT pglock.lock_acquire($1, 'o', $2)", key, maxTTL).Scan(&token))
+	require.Positive(t, token)
+	rows, err := app.Query(ctx, "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], $3)",
+		[]string{key}, []string{"o"}, maxTTL)
+	require.NoError(t, err)
+	renewed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{key}, renewed)
+	var ok bool
+	require.NoError(t, app.QueryRow(ctx, "SELECT pglock.lock_held($1, $2)", key, token).Scan(&ok))
+	require.True(t, ok)
+	require.NoError(t, app.QueryRow(ctx, "SELECT pglock.lock_renew($1, 'o', 1)", key).Scan(&ok))
+	require.True(t, ok)
+}
+
+// TestSQLRenewManyOverOverlappingKeysNeverDeadlocks: two lock_renew_many calls over the
+// same keys, in opposite orders, again and again at once. Each locks the rows in key
+// order, so neither ever waits for a row while holding one the other waits for (40P01).
+func TestSQLRenewManyOverOverlappingKeysNeverDeadlocks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	var keys, owners []string
+	for i := range 40 {
+		key := fmt.Sprintf("renew-many/%02d", i)
+		var token int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire($1, 'o', 60000)", key).Scan(&token))
+		keys, owners = append(keys, key), append(owners, "o")
+	}
+	reversed := make([]string, len(keys))
+	for i, k := range keys {
+		reversed[len(keys)-1-i] = k
+	}
+	// A deadlock is found after deadlock_timeout (1 s): give each round the chance.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for g, order := range [][]string{keys, reversed} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			defer conn.Release()
+			for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+				rows, err := conn.Query(ctx, "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], 60000)", order, owners)
+				if err == nil {
+					var renewed []string
+					renewed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+					if err == nil && len(renewed) != len(keys) {
+						err = fmt.Errorf("renewed %d of %d", len(renewed), len(keys))
+					}
+				}
+				if err != nil {
+					errs[g] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+}
+
+// TestSQLJobRunRecordPrunesInBoundedBatches: a job whose history past retention is long
+// (a retention shortened, runs recorded while nothing pruned) is pruned a bounded batch
+// at a time, the oldest first, by the runs recorded after it, not all in one run's
+// statement.
+func TestSQLJobRunRecordPrunesInBoundedBatches(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	const old = 1000
+	// Runs that ended an hour ago, recorded with a day's retention: none pruned.
+	_, err := pool.Exec(ctx, `SELECT pglock.job_run_record('export', 'i', 'o', 1, 3600000000, 0, 'ok', NULL, 86400000)
+		FROM generate_series(1, $1)`, old)
+	require.NoError(t, err)
+	count := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pglock.job_runs WHERE job = 'export'").Scan(&n))
+		return n
+	}
+	require.Equal(t, old, count())
+
+	// Then a minute's retention: the runs of the next 16 prune once.
+	for range 16 {
+		_, err := pool.Exec(ctx, "SELECT pglock.job_run_record('export', 'i', 'o', 1, 0, 0, 'ok', NULL, 60000)")
+		require.NoError(t, err)
+	}
+	pruned := old + 16 - count()
+	require.Positive(t, pruned, "the 16th run prunes")
+	require.LessOrEqual(t, pruned, 64, "one run prunes a bounded batch")
+	var newest int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pglock.job_runs
+		WHERE job = 'export' AND ended_at > clock_timestamp() - interval '1 minute'`).Scan(&newest))
+	require.Equal(t, 16, newest, "the runs within retention stay")
+
+	// Runs keep coming: the old history goes, a batch at a time.
+	for i := 0; count() > 16 && i < 2*old; i++ {
+		_, err := pool.Exec(ctx, "SELECT pglock.job_run_record('export', 'i', 'o', 1, 0, 0, 'ok', NULL, 60000)")
+		require.NoError(t, err)
+	}
+	var stale int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pglock.job_runs
+		WHERE job = 'export' AND ended_at < clock_timestamp() - interval '1 minute'`).Scan(&stale))
+	require.Zero(t, stale, "the history past retention is pruned in the end")
+}
