@@ -16,6 +16,10 @@ import (
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
 // it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
+// The store releases a lock in a transaction of its own without waiting for the WAL
+// flush (lock_release_async); inside the caller's transaction (a pgx.Tx, or a *pgx.Conn
+// on which one is open) it releases durably instead, leaving the caller's commit as
+// durable as the caller set it.
 // Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
 // calls (see NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as
 // they are.
@@ -46,7 +50,21 @@ func NewPostgresStore(db Queryer) Store {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
 	calls := &pgxCalls{db: db}
-	return retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }}, calls.readCommitted)
+	return retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }, inTx: calls.inTransaction}, calls.readCommitted)
+}
+
+// inTransaction reports whether a statement sent on the Queryer now runs inside a
+// transaction of the caller's: a pgx.Tx, or a *pgx.Conn on which one is open. The
+// store then neither begins a transaction of its own nor changes a setting that would
+// outlast its statement.
+func (p *pgxCalls) inTransaction() bool {
+	switch db := p.db.(type) {
+	case pgx.Tx:
+		return true
+	case *pgx.Conn:
+		return db.PgConn().TxStatus() != 'I'
+	}
+	return false
 }
 
 // pgxCalls runs the pgx store's statements in the pool's own query mode (by default
@@ -171,7 +189,8 @@ type postgresStore struct {
 	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
 	queryRows func(ctx context.Context, q string, args []any, row func(scanner) error) error // row is called for each row
 	array     func([]string) any
-	invalid   error // the constructor's argument was unusable: every call fails with it
+	inTx      func() bool // whether statements run in a transaction of the caller's; nil: never
+	invalid   error       // the constructor's argument was unusable: every call fails with it
 }
 
 // invalidStore is the store a constructor returns for an unusable argument.
@@ -226,8 +245,14 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 	if err := checkCall(key, owner, time.Millisecond); err != nil {
 		return false, err
 	}
+	// lock_release_async makes its whole transaction's commit asynchronous: only where
+	// that transaction is the statement's own. In the caller's, the release is durable.
+	q := `SELECT pglock.lock_release_async($1, $2)`
+	if s.inTx != nil && s.inTx() {
+		q = `SELECT pglock.lock_release($1, $2)`
+	}
 	var ok bool
-	if err := s.queryRow(ctx, `SELECT pglock.lock_release_async($1, $2)`, key, owner).Scan(&ok); err != nil {
+	if err := s.queryRow(ctx, q, key, owner).Scan(&ok); err != nil {
 		return false, storeError(err, "release %q", key)
 	}
 	return ok, nil
