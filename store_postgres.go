@@ -39,8 +39,9 @@ type Queryer interface {
 // pgx.QueryExecModeExec (nothing kept on a connection). Straight to PostgreSQL, it
 // keeps the pool's mode and its cost. A statement that PostgreSQL rolls back with a
 // serialization failure or a deadlock (a pool whose default_transaction_isolation is
-// repeatable read or serializable) is sent again in a READ COMMITTED transaction, up to
-// four tries in all (store_retry.go); Locks' listing, which may have read rows when it
+// repeatable read or serializable) is sent again in a READ COMMITTED transaction, in one
+// message with its BEGIN and COMMIT so that the server never waits on the client while
+// the statement's row locks are held, up to four tries in all (store_retry.go); Locks' listing, which may have read rows when it
 // fails, returns the error. On a database without the schema, or with one
 // older than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
