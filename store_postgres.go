@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
@@ -45,13 +46,55 @@ type Queryer interface {
 // fails, returns the error. On a database without the schema, or with one
 // older than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
-// wrapping ErrInvalidArgument, and NewWithStore refuses the store.
+// wrapping ErrInvalidArgument, and NewWithStore refuses the store. A Client on a store
+// whose db is a *pgxpool.Pool renews its locks through a pool of its own of up to two
+// connections, made from db's configuration, opened at the first renewal and closed by
+// Client.Close: renewals never wait behind the application's use of db. On a *pgx.Conn
+// or a pgx.Tx, renewals go through db.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
 	calls := &pgxCalls{db: db}
-	return retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }, inTx: calls.inTransaction}, calls.readCommitted)
+	s := retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }, inTx: calls.inTransaction}, calls.readCommitted)
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		s.pool = pool
+	}
+	return s
+}
+
+// renewalConns is how many connections a Client's pool for renewals opens at most: the
+// renewer makes one call per ttl group, side by side; the second connection keeps the
+// other groups going while one call waits on a link that went silent.
+const renewalConns = 2
+
+// renewalStore returns the store that a Client's renewer calls, and a function that
+// closes what it opened, once the renewer has stopped; ctx bounds the wait. On the pgx
+// store on a *pgxpool.Pool, it is a pool of its own of up to renewalConns connections,
+// made from a copy of the pool's configuration (its hooks, its tracer, PgBouncer or not)
+// and opened at the first renewal: a renewal never waits for a connection behind the
+// application's own use of its pool (a burst of requests, a slow report, a database
+// that slowed down), where it would lose every lock of the client at once. Any other
+// store renews through itself.
+func renewalStore(store Store) (Store, func(ctx context.Context) error) {
+	s, ok := store.(*postgresStore)
+	if !ok || s.pool == nil {
+		return store, func(context.Context) error { return nil }
+	}
+	cfg := s.pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = renewalConns, 0, 0
+	own, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil { // a copy of a working pool's configuration: not seen
+		return store, func(context.Context) error { return nil }
+	}
+	return NewPostgresStore(own), func(ctx context.Context) error {
+		closed := make(chan struct{})
+		go func() {
+			own.Close() // waits for a call the renewer gave up on to return its connection
+			close(closed)
+		}()
+		return waitDone(ctx, closed)
+	}
 }
 
 // inTransaction reports whether a statement sent on the Queryer now runs inside a
@@ -190,8 +233,9 @@ type postgresStore struct {
 	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
 	queryRows func(ctx context.Context, q string, args []any, row func(scanner) error) error // row is called for each row
 	array     func([]string) any
-	inTx      func() bool // whether statements run in a transaction of the caller's; nil: never
-	invalid   error       // the constructor's argument was unusable: every call fails with it
+	inTx      func() bool   // whether statements run in a transaction of the caller's; nil: never
+	pool      *pgxpool.Pool // the pgx store's Queryer when it is a pool (see renewalStore)
+	invalid   error         // the constructor's argument was unusable: every call fails with it
 }
 
 // invalidStore is the store a constructor returns for an unusable argument.
