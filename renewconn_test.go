@@ -49,6 +49,13 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 			job, err := c.TryAcquire(ctx, "job:other", pglock.TTL(2*ttl)) // a second ttl group
 			require.NoError(t, err)
 
+			direct := pglocktest.Pool(t, url, 1)
+			backends := func() (n int32) {
+				require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
+				return n
+			}
+
 			lostAt := make(chan time.Time, 1)
 			context.AfterFunc(l.Context(), func() { lostAt <- time.Now() })
 			var slow sync.WaitGroup
@@ -69,16 +76,12 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 			require.NoError(t, context.Cause(job.Context()))
 			require.True(t, l.Held())
 			require.True(t, job.Held())
+			require.Greater(t, backends(), pool.Stat().TotalConns(), "pglock's own connection for renewals, kept")
 
 			require.NoError(t, c.Close(ctx))
 			closed = true
-			direct := pglocktest.Pool(t, url, 1)
-			require.Eventually(t, func() bool {
-				var backends int32
-				require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&backends))
-				return backends == pool.Stat().TotalConns()
-			}, 5*time.Second, 5*time.Millisecond, "a connection of pglock's is still open after Close")
+			require.Eventually(t, func() bool { return backends() == pool.Stat().TotalConns() },
+				5*time.Second, 5*time.Millisecond, "a connection of pglock's is still open after Close")
 		})
 	}
 }

@@ -185,3 +185,46 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 		})
 	}
 }
+
+// Behind PgBouncer in transaction mode, in pgx's default query mode, a statement rolled
+// back with 40001 (the database's default isolation is repeatable read) is sent again
+// and goes through: the retry's one message prepares nothing and runs in one server
+// transaction.
+func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
+	t.Parallel()
+	bouncerURL, directURL := behindPgBouncer(t)
+	ctx := t.Context()
+	direct := pglocktest.Pool(t, directURL, 4)
+	_, err := direct.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$")
+	require.NoError(t, err)
+	store := pglock.NewPostgresStore(bouncerPool(t, bouncerURL, 2))
+	var iso string
+	require.NoError(t, bouncerPool(t, bouncerURL, 1).QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso))
+	require.Equal(t, "repeatable read", iso)
+	for i := range 3 {
+		_, ok, err := store.Acquire(ctx, "bouncer:retry", "holder", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, i == 0, ok)
+
+		renewal, err := direct.Begin(ctx)
+		require.NoError(t, err)
+		_, err = renewal.Exec(ctx, "SELECT pglock.lock_renew('bouncer:retry', 'holder', 60000)")
+		require.NoError(t, err)
+		renewed := make(chan error, 1)
+		go func() {
+			ok, err := store.Renew(ctx, "bouncer:retry", "holder", time.Minute)
+			if err == nil && !ok {
+				err = errors.New("not renewed")
+			}
+			renewed <- err
+		}()
+		require.Eventually(t, func() bool {
+			var waiters int
+			require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters))
+			return waiters > 0
+		}, 10*time.Second, 2*time.Millisecond)
+		require.NoError(t, renewal.Commit(ctx))
+		require.NoError(t, receive(t, renewed), "the renewal that met 40001, sent again")
+	}
+}
