@@ -56,6 +56,11 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 				return n
 			}
 
+			// The client's own connection for renewals, opened when it first held a lock,
+			// is up before the application fills its pool (on a loaded machine, starting a
+			// connection can take longer than this ttl).
+			require.Eventually(t, func() bool { return backends() > pool.Stat().TotalConns() }, 10*time.Second, 5*time.Millisecond)
+
 			lostAt := make(chan time.Time, 1)
 			context.AfterFunc(l.Context(), func() { lostAt <- time.Now() })
 			var slow sync.WaitGroup

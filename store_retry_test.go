@@ -105,7 +105,7 @@ func TestStoreRetryNeverLeavesTheServerWaitingOnTheClient(t *testing.T) {
 func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)
-	params := "&default_transaction_isolation=repeatable%20read&lock_timeout=2s&application_name=retry_fails"
+	params := "&default_transaction_isolation=repeatable%20read&lock_timeout=5s&application_name=retry_fails"
 	direct := pglocktest.Pool(t, url, 4)
 	for _, tc := range []struct {
 		name  string
@@ -156,7 +156,7 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 					return waiters >= n
 				}
 			}
-			require.Eventually(t, waiting(1), 10*time.Second, 2*time.Millisecond)
+			require.Eventually(t, waiting(1), 4*time.Second, 2*time.Millisecond)
 			next, err := direct.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = next.Rollback(context.WithoutCancel(ctx)) }()
@@ -165,7 +165,7 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 				_, err := next.Exec(ctx, "SELECT FROM pglock.locks WHERE key = $1 FOR NO KEY UPDATE", key)
 				locked <- err
 			}()
-			require.Eventually(t, waiting(2), 10*time.Second, 2*time.Millisecond)
+			require.Eventually(t, waiting(2), 4*time.Second, 2*time.Millisecond, "within the store's lock_timeout")
 
 			// The store's renewal fails with 40001, and its retry waits behind next's
 			// row lock until lock_timeout.
