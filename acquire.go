@@ -235,6 +235,7 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	c.held[l] = struct{}{}
 	c.renewer.Add(&l.entry, sentAt) // before Close can see the lock held (lock order: c.mu, then the renewer's)
 	c.mu.Unlock()
+	c.renewals.warm()
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
 		slog.Int64("token", token), slog.Duration("ttl", ttl))
 	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,

@@ -27,6 +27,7 @@ type Client struct {
 	ttl      time.Duration
 	instance string
 	renewer  *renewer.Renewer
+	renewals *renewals // the renewer's way to the store
 	events   *events
 	listener *listener // wakes waiters when their key is released
 	history  *history  // writes job runs and skips; nil when RunHistory is off or the store keeps none
@@ -44,7 +45,10 @@ type Client struct {
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
 // have the pglock schema (see Migrate). The pool stays the caller's: close it after
-// Client.Close. Unless WithoutListener is set, waiting also listens for releases on a
+// Client.Close. A renewal never waits for pool's connections behind the application:
+// when pool has no idle connection, it goes through a pool of the client's own of one
+// or two connections, made from pool's configuration when the client first holds a
+// lock (see NewPostgresStore). Unless WithoutListener is set, waiting also listens for releases on a
 // connection of its own, opened when first needed from the pool's configuration, or
 // from WithListenerConnString's (PostgreSQL itself when the pool goes through
 // PgBouncer). pglock's statements work through PgBouncer in transaction mode whatever
@@ -106,8 +110,9 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 	c.listener = newListener(cfg.listen, store, cfg.logger)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.onClose(c.listener.close)
+	c.renewals = newRenewals(store)
 	c.renewer = renewer.New(renewer.Config{
-		Store: store,
+		Store: c.renewals.renewerStore(store),
 		Now:   cfg.clock.Now,
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return cfg.clock.AfterFunc(d, f).Stop
@@ -291,7 +296,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.renewals.close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}

@@ -7,15 +7,23 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock/internal/renewer"
 )
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
 // it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
+// The store releases a lock in a transaction of its own without waiting for the WAL
+// flush (lock_release_async); inside the caller's transaction (a pgx.Tx, or a *pgx.Conn
+// on which one is open) it releases durably instead, leaving the caller's commit as
+// durable as the caller set it.
 // Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
 // calls (see NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as
 // they are.
@@ -35,18 +43,163 @@ type Queryer interface {
 // pgx.QueryExecModeExec (nothing kept on a connection). Straight to PostgreSQL, it
 // keeps the pool's mode and its cost. A statement that PostgreSQL rolls back with a
 // serialization failure or a deadlock (a pool whose default_transaction_isolation is
-// repeatable read or serializable) is sent again in a READ COMMITTED transaction, up to
-// four tries in all (store_retry.go); Locks' listing, which may have read rows when it
+// repeatable read or serializable) is sent again in a READ COMMITTED transaction, in one
+// message with its BEGIN and COMMIT so that the server never waits on the client while
+// the statement's row locks are held, up to four tries in all (store_retry.go); Locks' listing, which may have read rows when it
 // fails, returns the error. On a database without the schema, or with one
 // older than this library, every call fails with an error that says to run Migrate and
 // wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
-// wrapping ErrInvalidArgument, and NewWithStore refuses the store.
+// wrapping ErrInvalidArgument, and NewWithStore refuses the store. A Client on a store
+// whose db is a *pgxpool.Pool never has a renewal wait for db's connections behind the
+// application: when db has no idle connection, it renews through a pool of its own of
+// one or two connections, made from db's configuration when the Client first holds a
+// lock, one of them kept open, all closed by Client.Close. On a *pgx.Conn or a pgx.Tx,
+// renewals go through db.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
-	calls := &pgxCalls{db: db}
-	return retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }}, calls.readCommitted)
+	return pgxStore(&pgxCalls{db: db, pooled: new(atomic.Bool)})
+}
+
+func pgxStore(calls *pgxCalls) *postgresStore {
+	s := retrying(&postgresStore{queryRow: calls.queryRow, queryKeys: calls.queryKeys, queryRows: calls.queryRows, array: func(s []string) any { return s }, inTx: calls.inTransaction}, calls.readCommitted)
+	s.pgx = calls
+	return s
+}
+
+// renewalConns is how many connections a Client's own pool for renewals opens at most:
+// the renewer makes one call per ttl group, side by side; a second connection keeps
+// another group going while one call waits (on a row lock, on a link gone silent).
+const renewalConns = 2
+
+// renewals is the way a Client's renewer reaches the store. On the pgx store on a
+// *pgxpool.Pool, a renewal never waits for a connection behind the application's own use
+// of that pool (a burst of requests, a slow report, a database that slowed down), where
+// every lock of the client would be lost at once: it takes an idle connection of the
+// pool at once if there is one (a backend that knows pglock's functions already), and
+// otherwise goes through a pool of the client's own, of up to renewalConns connections,
+// made from a copy of the pool's configuration (its hooks, its tracer, PgBouncer or not)
+// when the client first holds a lock (warm). The own pool opens one connection then, in
+// the background, and keeps it: a renewal waits neither for the application nor for a
+// connection to start (a struggling server, or one out of connections, starts new ones
+// slowly or not at all). Any other store is the renewer's as it is.
+type renewals struct {
+	shared *postgresStore
+	pool   *pgxpool.Pool   // shared's
+	cfg    *pgxpool.Config // the own pool's; nil: renewals go through the store as it is
+
+	mu     sync.Mutex
+	own    *pgxpool.Pool // nil until warm
+	store  Store         // on own
+	closed bool
+}
+
+func newRenewals(store Store) *renewals {
+	s, ok := store.(*postgresStore)
+	if !ok || s.pgx == nil {
+		return &renewals{}
+	}
+	pool, ok := s.pgx.db.(*pgxpool.Pool)
+	if !ok {
+		return &renewals{}
+	}
+	cfg := pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = renewalConns, 1, 0
+	return &renewals{shared: s, pool: pool, cfg: cfg}
+}
+
+// renewerStore is the store for the renewer: r, or store itself when r has no pool to make.
+func (r *renewals) renewerStore(store Store) renewer.Store {
+	if r.cfg == nil {
+		return store
+	}
+	return r
+}
+
+// warm makes the own pool, once; its first connection opens in the background.
+func (r *renewals) warm() {
+	if r.cfg == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.own != nil || r.closed {
+		return
+	}
+	if own, err := pgxpool.NewWithConfig(context.Background(), r.cfg); err == nil { // a copy of a working pool's configuration: no error seen
+		r.own, r.store = own, NewPostgresStore(own)
+	}
+}
+
+// with calls f with a store for one renewal call: one on an idle connection of the
+// application's pool, taken at once; else the own pool's, where the call may wait for a
+// connection of its own to start or to come back from another renewal, never for the
+// application.
+func (r *renewals) with(ctx context.Context, f func(Store) error) error {
+	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {
+		for _, c := range idle[1:] {
+			c.Release()
+		}
+		defer idle[0].Release()
+		return f(pgxStore(&pgxCalls{db: idle[0].Conn(), pooled: r.shared.pgx.pooled}))
+	}
+	r.warm()
+	r.mu.Lock()
+	store := r.store
+	r.mu.Unlock()
+	if store == nil { // closed, or no pool could be made
+		store = r.shared
+	}
+	return f(store)
+}
+
+func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
+	err = r.with(ctx, func(s Store) (err error) {
+		ok, err = s.Renew(ctx, key, owner, ttl)
+		return err
+	})
+	return ok, err
+}
+
+func (r *renewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error) {
+	err = r.with(ctx, func(s Store) (err error) {
+		renewed, err = s.(BatchRenewer).RenewMany(ctx, keys, owners, ttl)
+		return err
+	})
+	return renewed, err
+}
+
+// close closes the own pool once the renewer has stopped; ctx bounds the wait for a
+// call that the renewer gave up on to hand its connection back.
+func (r *renewals) close(ctx context.Context) error {
+	r.mu.Lock()
+	r.closed = true
+	own := r.own
+	r.mu.Unlock()
+	if own == nil {
+		return nil
+	}
+	closed := make(chan struct{})
+	go func() {
+		own.Close()
+		close(closed)
+	}()
+	return waitDone(ctx, closed)
+}
+
+// inTransaction reports whether a statement sent on the Queryer now runs inside a
+// transaction of the caller's: a pgx.Tx, or a *pgx.Conn on which one is open. The
+// store then neither begins a transaction of its own nor changes a setting that would
+// outlast its statement.
+func (p *pgxCalls) inTransaction() bool {
+	switch db := p.db.(type) {
+	case pgx.Tx:
+		return true
+	case *pgx.Conn:
+		return db.PgConn().TxStatus() != 'I'
+	}
+	return false
 }
 
 // pgxCalls runs the pgx store's statements in the pool's own query mode (by default
@@ -59,7 +212,7 @@ func NewPostgresStore(db Queryer) Store {
 // before executing anything), so it is sent again at once, in that mode.
 type pgxCalls struct {
 	db     Queryer
-	pooled atomic.Bool // a pooler was met: use pgx.QueryExecModeExec
+	pooled *atomic.Bool // a pooler was met: use pgx.QueryExecModeExec
 }
 
 // args returns args as the call sends them, and whether in pgx.QueryExecModeExec.
@@ -171,7 +324,9 @@ type postgresStore struct {
 	queryKeys func(ctx context.Context, q string, args ...any) ([]string, error)
 	queryRows func(ctx context.Context, q string, args []any, row func(scanner) error) error // row is called for each row
 	array     func([]string) any
-	invalid   error // the constructor's argument was unusable: every call fails with it
+	inTx      func() bool // whether statements run in a transaction of the caller's; nil: never
+	pgx       *pgxCalls   // the pgx store's; nil for database/sql's
+	invalid   error       // the constructor's argument was unusable: every call fails with it
 }
 
 // invalidStore is the store a constructor returns for an unusable argument.
@@ -226,8 +381,14 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 	if err := checkCall(key, owner, time.Millisecond); err != nil {
 		return false, err
 	}
+	// lock_release_async makes its whole transaction's commit asynchronous: only where
+	// that transaction is the statement's own. In the caller's, the release is durable.
+	q := `SELECT pglock.lock_release_async($1, $2)`
+	if s.inTx != nil && s.inTx() {
+		q = `SELECT pglock.lock_release($1, $2)`
+	}
 	var ok bool
-	if err := s.queryRow(ctx, `SELECT pglock.lock_release_async($1, $2)`, key, owner).Scan(&ok); err != nil {
+	if err := s.queryRow(ctx, q, key, owner).Scan(&ok); err != nil {
 		return false, storeError(err, "release %q", key)
 	}
 	return ok, nil

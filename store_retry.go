@@ -3,10 +3,14 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A statement of the store that PostgreSQL rolled back for a serialization failure
@@ -16,10 +20,11 @@ import (
 // pglock's functions are written for READ COMMITTED, and under SSI two calls on
 // different keys that read the same page refuse each other. A deadlock comes from two
 // lock_renew_many calls whose keys overlap in different orders (not from one Client,
-// whose keys are its own). The pgx store sends such a statement again in a READ
-// COMMITTED transaction of its own, where neither failure comes from the pool's
-// setting; a store without transactions (database/sql's, or a Queryer that cannot
-// begin one) sends it again as it was. Up to rolledBackTries times in all, after a
+// whose keys are its own). The pgx store on a pool or a connection sends such a
+// statement again in a READ COMMITTED transaction of its own, where neither failure
+// comes from the pool's setting, in one message with its BEGIN and COMMIT (see
+// readCommitted); another store (database/sql's, one inside the caller's transaction, a
+// Queryer of another type) sends it again as it was. Up to rolledBackTries times in all, after a
 // pause of up to 1, 2, then 4 ms, while ctx lasts; then it returns the error.
 const rolledBackTries = 4
 
@@ -47,8 +52,8 @@ type storeCalls struct {
 // when call returns nil. errors.ErrUnsupported means it could not begin one.
 type readCommitted func(ctx context.Context, call func(storeCalls) error) error
 
-// retryRolledBack runs call(s.calls), and again, in a READ COMMITTED transaction where
-// s can begin one, while it fails with a rolled-back statement. A retry that meets an
+// retryRolledBack runs call(plain), and again, in a READ COMMITTED transaction where rc
+// can begin one, while it fails with a rolled-back statement. A retry that meets an
 // aborted transaction (25P02: the store was given a transaction of the caller's, not a
 // pool) returns the first error.
 func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, call func(storeCalls) error) error {
@@ -108,29 +113,156 @@ func retrying(s *postgresStore, rc readCommitted) *postgresStore {
 	return s
 }
 
-// readCommitted is the pgx store's: a transaction begun on its Queryer (a pool, a
-// connection), its statements in pgx.QueryExecModeExec (behind a pooler the
-// transaction's server connection knows none of this client's prepared statements, and
-// a statement that fails there aborts the transaction).
+// readCommitted is the pgx store's: the statement sent in one simple-protocol message,
+// "BEGIN ISOLATION LEVEL READ COMMITTED; statement; COMMIT", on a connection of the
+// pool (or the store's connection). The server reads a message whole before it runs any
+// of it and commits before it answers, so it never holds the statement's row locks while
+// it waits on the client: with BEGIN, the statement and COMMIT in three round trips, a
+// client that paused or whose link went silent before its COMMIT left the rows locked,
+// and the renewals of other clients' locks queued behind them until those locks expired.
+// Nothing is prepared, so it works behind PgBouncer in transaction mode. A statement that
+// fails there leaves the block aborted (holding no lock): it is rolled back before the
+// connection is used again. Inside a transaction of the caller's, or on a Queryer that is
+// neither a pool nor a connection, it returns errors.ErrUnsupported.
 func (p *pgxCalls) readCommitted(ctx context.Context, call func(storeCalls) error) error {
-	b, ok := p.db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	})
-	if !ok {
-		return errors.ErrUnsupported
-	}
-	if _, inTx := p.db.(pgx.Tx); inTx {
+	if p.inTransaction() {
 		return errors.ErrUnsupported // a savepoint would not change the isolation
 	}
-	tx, err := b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	var conn *pgx.Conn
+	switch db := p.db.(type) {
+	case *pgxpool.Pool:
+		c, err := db.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		conn = c.Conn()
+	case *pgx.Conn:
+		conn = db
+	default:
+		return errors.ErrUnsupported
+	}
+	one := oneTrip{conn}
+	return call(storeCalls{queryRow: one.queryRow, queryKeys: one.queryKeys})
+}
+
+// oneTrip sends each statement in a READ COMMITTED transaction of its own, in one
+// message (see readCommitted).
+type oneTrip struct{ conn *pgx.Conn }
+
+// scanFunc is a scanner whose Scan runs the statement.
+type scanFunc func(dest ...any) error
+
+func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
+
+func (o oneTrip) queryRow(ctx context.Context, q string, args ...any) scanner {
+	return scanFunc(func(dest ...any) error {
+		return o.run(ctx, q, args, func(rows pgx.Rows) error {
+			if !rows.Next() {
+				if err := rows.Err(); err != nil {
+					return err
+				}
+				return pgx.ErrNoRows
+			}
+			return rows.Scan(dest...)
+		})
+	})
+}
+
+func (o oneTrip) queryKeys(ctx context.Context, q string, args ...any) (keys []string, err error) {
+	err = o.run(ctx, q, args, func(rows pgx.Rows) (err error) {
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	return keys, err
+}
+
+// rollbackTimeout bounds the ROLLBACK of a block that a failed statement left aborted.
+const rollbackTimeout = 5 * time.Second
+
+// run sends q with args written into it between BEGIN and COMMIT, and has read read the
+// statement's rows.
+func (o oneTrip) run(ctx context.Context, q string, args []any, read func(pgx.Rows) error) error {
+	stmt, err := inline(q, args)
 	if err != nil {
 		return err
 	}
-	in := &pgxCalls{db: tx}
-	in.pooled.Store(true)
-	if err := call(storeCalls{queryRow: in.queryRow, queryKeys: in.queryKeys}); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+	pg := o.conn.PgConn()
+	results := pg.Exec(ctx, "BEGIN ISOLATION LEVEL READ COMMITTED;\n"+stmt+";\nCOMMIT")
+	var readErr error
+	for i := 0; results.NextResult(); i++ {
+		if i == 1 { // BEGIN's, the statement's, COMMIT's
+			rows := pgx.RowsFromResultReader(o.conn.TypeMap(), results.ResultReader())
+			readErr = read(rows)
+			rows.Close()
+			if readErr == nil {
+				readErr = rows.Err()
+			}
+		}
+	}
+	err = results.Close()
+	if pg.TxStatus() != 'I' && !pg.IsClosed() {
+		// The statement failed and the rest of the message was skipped. pgxpool would
+		// destroy the connection; a lone *pgx.Conn would fail every statement after.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = pg.Exec(rctx, "ROLLBACK").Close()
+		cancel()
+	}
+	if err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	return readErr
+}
+
+// inline writes args into q in place of $1, $2, …, as SQL literals: strings as escape
+// string constants (E'…', which mean the same whatever standard_conforming_strings
+// says), []string as such a constant holding an array literal, integers in decimal.
+// Keys and owners hold no NUL (checkCall); the connection's encoding is UTF8 (pgx's).
+// Another type of argument is errors.ErrUnsupported.
+func inline(q string, args []any) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(q); i++ {
+		if q[i] != '$' {
+			b.WriteByte(q[i])
+			continue
+		}
+		j := i + 1
+		for j < len(q) && '0' <= q[j] && q[j] <= '9' {
+			j++
+		}
+		n, err := strconv.Atoi(q[i+1 : j])
+		if err != nil || n < 1 || n > len(args) {
+			return "", fmt.Errorf("pglock: inline %q: %w: parameter $%s", q, errors.ErrUnsupported, q[i+1:j])
+		}
+		switch a := args[n-1].(type) {
+		case string:
+			quoteLiteral(&b, a)
+		case []string:
+			quoteLiteral(&b, arrayLiteral(a).(string))
+		case int64:
+			b.WriteString("(" + strconv.FormatInt(a, 10) + ")")
+		case int:
+			b.WriteString("(" + strconv.Itoa(a) + ")")
+		default:
+			return "", fmt.Errorf("pglock: inline %q: %w: a %T argument", q, errors.ErrUnsupported, a)
+		}
+		i = j - 1
+	}
+	return b.String(), nil
+}
+
+// quoteLiteral writes s as an escape string constant.
+func quoteLiteral(b *strings.Builder, s string) {
+	b.WriteString("E'")
+	for i := 0; i < len(s); i++ { // bytes: no byte of a multi-byte UTF-8 character is ASCII
+		switch s[i] {
+		case '\\':
+			b.WriteString(`\\`)
+		case '\'':
+			b.WriteString("''")
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	b.WriteByte('\'')
 }

@@ -24,6 +24,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	gate    chan struct{} // closed while traffic flows
+	trip    *trip         // BlackholeAfter's, until its chunk comes
 	delay   [2]time.Duration
 	conns   map[net.Conn]struct{}
 	wg      sync.WaitGroup
@@ -96,6 +97,43 @@ func (p *Proxy) Restore() {
 	default:
 		close(p.gate)
 	}
+}
+
+// trip is a BlackholeAfter that has not met its chunk yet.
+type trip struct {
+	match   func(chunk []byte) bool
+	tripped chan struct{}
+}
+
+// BlackholeAfter makes the link silent at the worst moment for a statement in flight:
+// the next chunk sent to the server for which match reports true is passed on, and
+// from then on no byte moves until Restore, as Blackhole does. The channel it returns is
+// closed when that chunk has been passed on. match sees each chunk as the client wrote
+// it, in one piece up to 32 KiB.
+func (p *Proxy) BlackholeAfter(match func(chunk []byte) bool) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trip = &trip{match: match, tripped: make(chan struct{})}
+	return p.trip.tripped
+}
+
+// tripOn black-holes the link when chunk, passed on to the server next, is the one that
+// BlackholeAfter waits for; the caller closes the returned channel once the chunk is
+// written (nil: not that chunk).
+func (p *Proxy) tripOn(chunk []byte) chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.trip == nil || !p.trip.match(chunk) {
+		return nil
+	}
+	tripped := p.trip.tripped
+	p.trip = nil
+	select {
+	case <-p.gate:
+		p.gate = make(chan struct{})
+	default:
+	}
+	return tripped
 }
 
 // SetDelay holds every chunk that goes in direction dir for d before it is passed on
@@ -193,7 +231,15 @@ func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
 			if !p.pass(dir) {
 				return
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			var tripped chan struct{}
+			if dir == ToServer {
+				tripped = p.tripOn(buf[:n]) // silent before the server can answer it
+			}
+			_, werr := dst.Write(buf[:n])
+			if tripped != nil {
+				close(tripped)
+			}
+			if werr != nil {
 				return
 			}
 		}

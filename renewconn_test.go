@@ -1,0 +1,92 @@
+package pglock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// The application fills the pool it shares with pglock for longer than the lock's ttl
+// (a burst of requests, a slow report): every connection runs pg_sleep. The database is
+// healthy, so the lock is not lost: renewals never wait for the application's pool.
+// Close then leaves no connection of pglock's open.
+func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		client func(pool *pgxpool.Pool) (*pglock.Client, error)
+	}{
+		{"New", func(pool *pgxpool.Pool) (*pglock.Client, error) {
+			return pglock.New(pool, quiet, pglock.WithoutListener())
+		}},
+		{"NewWithStore", func(pool *pgxpool.Pool) (*pglock.Client, error) {
+			return pglock.NewWithStore(pglock.NewPostgresStore(pool), quiet)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			url := pglocktest.PostgresURL(t)
+			pool := pglocktest.Pool(t, url, 4)
+			c, err := tc.client(pool)
+			require.NoError(t, err)
+			closed := false
+			t.Cleanup(func() {
+				if !closed {
+					_ = c.Close(context.Background())
+				}
+			})
+			const ttl = 1500 * time.Millisecond
+			l, err := c.TryAcquire(ctx, "job", pglock.TTL(ttl))
+			require.NoError(t, err)
+			job, err := c.TryAcquire(ctx, "job:other", pglock.TTL(2*ttl)) // a second ttl group
+			require.NoError(t, err)
+
+			direct := pglocktest.Pool(t, url, 1)
+			backends := func() (n int32) {
+				require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n))
+				return n
+			}
+
+			// The client's own connection for renewals, opened when it first held a lock,
+			// is up before the application fills its pool (on a loaded machine, starting a
+			// connection can take longer than this ttl).
+			require.Eventually(t, func() bool { return backends() > pool.Stat().TotalConns() }, 10*time.Second, 5*time.Millisecond)
+
+			lostAt := make(chan time.Time, 1)
+			context.AfterFunc(l.Context(), func() { lostAt <- time.Now() })
+			var slow sync.WaitGroup
+			for range 4 {
+				slow.Go(func() {
+					_, err := pool.Exec(ctx, "SELECT pg_sleep(3)")
+					require.NoError(t, err)
+				})
+			}
+			require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 4 }, 5*time.Second, time.Millisecond)
+			start := time.Now()
+			slow.Wait()
+			select {
+			case at := <-lostAt:
+				t.Fatalf("lost %v after the application filled the pool: %v", at.Sub(start), context.Cause(l.Context()))
+			default:
+			}
+			require.NoError(t, context.Cause(job.Context()))
+			require.True(t, l.Held())
+			require.True(t, job.Held())
+			require.Greater(t, backends(), pool.Stat().TotalConns(), "pglock's own connection for renewals, kept")
+
+			require.NoError(t, c.Close(ctx))
+			closed = true
+			require.Eventually(t, func() bool { return backends() == pool.Stat().TotalConns() },
+				5*time.Second, 5*time.Millisecond, "a connection of pglock's is still open after Close")
+		})
+	}
+}

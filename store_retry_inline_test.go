@@ -1,0 +1,51 @@
+package pglock
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The retry's one message carries its arguments as literals: whatever a key or an owner
+// holds reaches the server as it was, and nothing in it is read as SQL.
+func TestRetryMessageCarriesArgumentsAsTheyAre(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	ctx := t.Context()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	one := oneTrip{conn.Conn()}
+	texts := []string{
+		"plain", "it's", `back\slash`, `\'`, `'; DROP TABLE products; --`, `"quoted"`, "$1 $2 $10",
+		"E'x'", "ünïcødé ✓ 鍵", "{a,b}", "NULL", "", " spaced ", "new\nline", `\\'\\`,
+	}
+	for _, s := range texts {
+		var gotText string
+		var gotArray []string
+		var gotInt int64
+		err := one.queryRow(ctx, `SELECT $1::text, $2::text[], $3::bigint + $4`, s, []string{s, "NULL", s + `"`, "", "{}"}, int64(-7), 7).
+			Scan(&gotText, &gotArray, &gotInt)
+		require.NoError(t, err, "%q", s)
+		require.Equal(t, s, gotText)
+		require.Equal(t, []string{s, "NULL", s + `"`, "", "{}"}, gotArray)
+		require.Zero(t, gotInt)
+		require.Equal(t, byte('I'), conn.Conn().PgConn().TxStatus())
+	}
+	keys, err := one.queryKeys(ctx, `SELECT unnest($1::text[])`, texts)
+	require.NoError(t, err)
+	require.Equal(t, texts, keys)
+
+	// A real call: the key it acquires is the key given.
+	key := `o'key\"` + "✓"
+	var token int64
+	require.NoError(t, one.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, "me'", ttlMillis(time.Minute)).Scan(&token))
+	h, err := NewPostgresStore(pool).(HolderReader).Holder(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, Holder{Held: true, Owner: "me'", Token: token, ExpiresIn: h.ExpiresIn}, h)
+
+	_, err = inline(`SELECT $1`, []any{1.5})
+	require.ErrorIs(t, err, errors.ErrUnsupported)
+}

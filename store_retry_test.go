@@ -1,0 +1,230 @@
+package pglock_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// A waiter on a REPEATABLE READ pool marks the key wanted while the holder's renewal
+// changes the row: its lock_want fails with 40001 and the store sends it again in a READ
+// COMMITTED transaction. The link goes silent right after that retry's statement is
+// sent. The server must not be left waiting on the silent client with the row locked:
+// the holder, on another client, keeps renewing and keeps its lock. (When the retry was
+// BEGIN, the statement and COMMIT in three round trips, the retry's transaction stayed
+// open holding the row, the holder's renewals queued behind it, and the lock was lost
+// at its deadline.)
+func TestStoreRetryNeverLeavesTheServerWaitingOnTheClient(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	direct := pglocktest.Pool(t, url, 4)
+	const ttl = 2 * time.Second
+	holder := newClient(t, pglock.NewPostgresStore(direct), quiet)
+	l, err := holder.TryAcquire(ctx, "retry:k", pglock.TTL(ttl))
+	require.NoError(t, err)
+
+	waiterPool, proxy := proxiedPool(t, url+"&default_transaction_isolation=repeatable%20read&application_name=retry_waiter", 2)
+	waiter, err := pglock.New(waiterPool, quiet)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		proxy.Restore()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, waiter.Close(ctx))
+	})
+
+	// A renewal of the holder's, in flight: its transaction has changed the row and not
+	// committed yet, so the waiter's lock_want waits for it, then fails with 40001.
+	renewal, err := direct.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = renewal.Rollback(context.WithoutCancel(ctx)) }()
+	var renewed bool
+	require.NoError(t, renewal.QueryRow(ctx, "SELECT pglock.lock_renew($1, $2, $3)", "retry:k", l.Owner(), ttl.Milliseconds()).Scan(&renewed))
+	require.True(t, renewed)
+
+	acquireCtx, stopAcquire := context.WithTimeout(ctx, 3*ttl)
+	defer stopAcquire()
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := waiter.Acquire(acquireCtx, "retry:k", pglock.TTL(ttl))
+		acquired <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, direct.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'retry_waiter' AND wait_event_type = 'Lock' AND query LIKE '%_want(%')`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 2*time.Millisecond, "the waiter's mark never waited for the renewal's row lock")
+	silent := proxy.BlackholeAfter(func(chunk []byte) bool { return bytes.Contains(chunk, []byte("_want(")) })
+	require.NoError(t, renewal.Commit(ctx))
+	var start time.Time
+	select {
+	case <-silent:
+		start = time.Now()
+	case err := <-acquired:
+		t.Fatalf("the waiter's Acquire returned before its retry was sent: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter never sent its retry")
+	}
+
+	// Two ttls of database time: the holder's renewals must go through.
+	select {
+	case <-l.Context().Done():
+		var lost *pglock.LockLostError
+		require.ErrorAs(t, context.Cause(l.Context()), &lost)
+		t.Fatalf("the holder lost its lock %v after the waiter's link went silent: %v", time.Since(start), context.Cause(l.Context()))
+	case <-time.After(2 * ttl):
+	}
+	var idleInTx int
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'retry_waiter' AND state LIKE 'idle in transaction%'`).Scan(&idleInTx))
+	require.Zero(t, idleInTx, "a transaction of the waiter's waits on its silent link")
+	require.True(t, l.Held())
+	stopAcquire()
+	err = <-acquired
+	require.Error(t, err)
+	require.False(t, errors.Is(err, pglock.ErrInvalidArgument), "%v", err)
+}
+
+// The retry's statement fails inside its READ COMMITTED transaction (here: it waits for
+// a row lock past lock_timeout), which leaves the transaction block aborted: the store
+// ends it, and the connection it used serves the next call, whether the store has a
+// lone *pgx.Conn (which would otherwise fail every later statement with 25P02) or a
+// pool (which would otherwise destroy the connection and open another).
+func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	params := "&default_transaction_isolation=repeatable%20read&lock_timeout=5s&application_name=retry_fails"
+	direct := pglocktest.Pool(t, url, 4)
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) (store pglock.Store, ready func() bool, reconnects func() int64)
+	}{
+		{"on a *pgx.Conn", func(t *testing.T) (pglock.Store, func() bool, func() int64) {
+			conn, err := pgx.Connect(t.Context(), url+params)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close(context.Background()) })
+			return pglock.NewPostgresStore(conn), func() bool { return conn.PgConn().TxStatus() == 'I' }, func() int64 { return 0 }
+		}},
+		{"on a pool of one connection", func(t *testing.T) (pglock.Store, func() bool, func() int64) {
+			cfg, err := pgxpool.ParseConfig(url + params)
+			require.NoError(t, err)
+			cfg.MaxConns = 1
+			pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			return pglock.NewPostgresStore(pool), func() bool { return true }, func() int64 { return pool.Stat().NewConnsCount() }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			store, ready, reconnects := tc.store(t)
+			key := "retry:fails:" + tc.name
+			_, ok, err := store.Acquire(ctx, key, "holder", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			opened := reconnects()
+
+			// A renewal in flight has changed the row; behind the store's own renewal,
+			// another transaction waits to lock the row.
+			renewal, err := direct.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = renewal.Rollback(context.WithoutCancel(ctx)) }()
+			_, err = renewal.Exec(ctx, "SELECT pglock.lock_renew($1, 'holder', 60000)", key)
+			require.NoError(t, err)
+			renewed := make(chan error, 1)
+			go func() {
+				_, err := store.Renew(ctx, key, "holder", time.Minute)
+				renewed <- err
+			}()
+			waiting := func(n int) func() bool {
+				return func() bool {
+					var waiters int
+					require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters))
+					return waiters >= n
+				}
+			}
+			require.Eventually(t, waiting(1), 4*time.Second, 2*time.Millisecond)
+			next, err := direct.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = next.Rollback(context.WithoutCancel(ctx)) }()
+			locked := make(chan error, 1)
+			go func() {
+				_, err := next.Exec(ctx, "SELECT FROM pglock.locks WHERE key = $1 FOR NO KEY UPDATE", key)
+				locked <- err
+			}()
+			require.Eventually(t, waiting(2), 4*time.Second, 2*time.Millisecond, "within the store's lock_timeout")
+
+			// The store's renewal fails with 40001, and its retry waits behind next's
+			// row lock until lock_timeout.
+			require.NoError(t, renewal.Commit(ctx))
+			require.NoError(t, receive(t, locked))
+			err = receive(t, renewed)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "55P03", pgErr.Code, "the retry's lock_timeout: %v", err)
+			require.NoError(t, next.Rollback(ctx))
+
+			require.True(t, ready(), "the connection is left in a transaction")
+			ok, err = store.Renew(ctx, key, "holder", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			require.Equal(t, opened, reconnects(), "the pool's connection was destroyed")
+		})
+	}
+}
+
+// Behind PgBouncer in transaction mode, in pgx's default query mode, a statement rolled
+// back with 40001 (the database's default isolation is repeatable read) is sent again
+// and goes through: the retry's one message prepares nothing and runs in one server
+// transaction.
+func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
+	t.Parallel()
+	bouncerURL, directURL := behindPgBouncer(t)
+	ctx := t.Context()
+	direct := pglocktest.Pool(t, directURL, 4)
+	_, err := direct.Exec(ctx, "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database()); END $$")
+	require.NoError(t, err)
+	store := pglock.NewPostgresStore(bouncerPool(t, bouncerURL, 2))
+	var iso string
+	require.NoError(t, bouncerPool(t, bouncerURL, 1).QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso))
+	require.Equal(t, "repeatable read", iso)
+	for i := range 3 {
+		_, ok, err := store.Acquire(ctx, "bouncer:retry", "holder", time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, i == 0, ok)
+
+		renewal, err := direct.Begin(ctx)
+		require.NoError(t, err)
+		_, err = renewal.Exec(ctx, "SELECT pglock.lock_renew('bouncer:retry', 'holder', 60000)")
+		require.NoError(t, err)
+		renewed := make(chan error, 1)
+		go func() {
+			ok, err := store.Renew(ctx, "bouncer:retry", "holder", time.Minute)
+			if err == nil && !ok {
+				err = errors.New("not renewed")
+			}
+			renewed <- err
+		}()
+		require.Eventually(t, func() bool {
+			var waiters int
+			require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters))
+			return waiters > 0
+		}, 10*time.Second, 2*time.Millisecond)
+		require.NoError(t, renewal.Commit(ctx))
+		require.NoError(t, receive(t, renewed), "the renewal that met 40001, sent again")
+	}
+}
