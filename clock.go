@@ -2,8 +2,9 @@ package pglock
 
 import "time"
 
-// Clock is the time a Client renews, waits and counts deadlines on. Expiry itself is
-// always measured by the store, on the database clock. The zero value of an option
+// Clock is the time a Client renews, waits and counts deadlines on; a renewal call is
+// bounded on it too (by the earliest deadline of its locks). Expiry itself is always
+// measured by the store, on the database clock. The zero value of an option
 // means the real clock; tests use pglocktest.ManualClock.
 //
 // Implementations must be safe for concurrent use.

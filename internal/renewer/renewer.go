@@ -28,9 +28,11 @@
 //
 // # Time
 //
-// The renewer knows time only through Now and AfterFunc. A clock that calls f
-// synchronously when it is moved (a test's manual clock) gets every round, store calls
-// included, done before the move returns.
+// The renewer knows time only through Now and AfterFunc, a store call's bound (its
+// earliest deadline) included. A clock that calls f synchronously when it is moved (a
+// test's manual clock) gets every round, store calls included, done before the move
+// returns, and a call slow on the wire is answered however long it takes for real: only
+// moving the clock to its bound, from elsewhere, ends it.
 package renewer
 
 import (
@@ -428,7 +430,7 @@ func (r *Renewer) renew(group []flight) {
 		}
 	}
 	// A call that outlives the earliest deadline is useless: by then that lock is lost.
-	ctx, cancel := context.WithTimeout(r.ctx, max(earliest.Sub(sentAt), time.Millisecond))
+	ctx, cancel := r.bound(max(earliest.Sub(sentAt), time.Millisecond))
 	renewed := make([]bool, len(group))
 	var err error
 	if r.batch != nil && len(group) > 1 {
@@ -510,6 +512,31 @@ func (r *Renewer) renew(group []flight) {
 	for _, e := range lost {
 		e.Lost(e.reason)
 	}
+}
+
+// bound returns the context of a store call that Close ends, or the clock after d: it
+// is on the clock, as the deadlines are. On the real clock that is a timeout; on a
+// test's manual clock, a call slow on the wire (a loaded machine) is still answered
+// while the clock stands still, instead of failing and waiting for a retry that the
+// clock never brings.
+func (r *Renewer) bound(d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	stop := r.cfg.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
+	return boundCtx{ctx}, func() {
+		stop()
+		cancel(context.Canceled)
+	}
+}
+
+// boundCtx is a context whose Err is its cause, as for a timeout: the store's error says
+// "deadline exceeded" when the bound ended the call, not "canceled".
+type boundCtx struct{ context.Context }
+
+func (c boundCtx) Err() error {
+	if c.Context.Err() == nil {
+		return nil
+	}
+	return context.Cause(c.Context)
 }
 
 func minTime(a, b time.Time) time.Time {

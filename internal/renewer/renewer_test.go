@@ -360,6 +360,54 @@ func TestInFlightEntryLostAtItsDeadline(t *testing.T) {
 	require.Equal(t, Expired, reason)
 }
 
+// A call is bounded on the clock, as the deadlines are, not on the wall: a call slower on
+// the wire than the time left to the earliest deadline is answered while the clock
+// stands still, and the clock reaching that deadline ends the call as a timeout would.
+func TestCallIsBoundedOnTheClock(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ASlowCallIsAnsweredWhileTheClockStandsStill", func(t *testing.T) {
+		t.Parallel()
+		const ttl = 30 * time.Millisecond // the call is sent 17 ms before the deadline
+		const took = 300 * time.Millisecond
+		clock := newFakeClock()
+		fs := &fakeStore{fn: func(ctx context.Context, keys []string) ([]string, error) {
+			select { // a reply slow on the wire; the clock does not move meanwhile
+			case <-time.After(took):
+				return keys, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", ttl)
+		r.Add(a, t0)
+
+		clock.Advance(ttl / 3)
+		require.Equal(t, Deadline(t0.Add(ttl/3), ttl), deadlineOf(r, a), "not renewed")
+		require.Empty(t, lost.Reasons())
+		require.Equal(t, 1, fs.Calls())
+	})
+
+	t.Run("TheClockReachingTheDeadlineEndsTheCall", func(t *testing.T) {
+		t.Parallel()
+		const ttl = 30 * time.Second
+		clock := newFakeClock()
+		g := newGate("a", true)
+		fs := &fakeStore{fn: g.fn}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", ttl)
+		r.Add(a, t0)
+
+		advanced := goAdvance(t, clock, ttl/3, g)
+		recv(t, g.entered)
+		clock.AdvanceTo(Deadline(t0, ttl))
+		require.ErrorIs(t, recv(t, g.ctxErr), context.DeadlineExceeded)
+		recv(t, advanced)
+		require.Equal(t, []Reason{Expired}, lost.Reasons())
+	})
+}
+
 func TestEntryAddedDuringHangingRoundIsRenewed(t *testing.T) {
 	t.Parallel()
 	const ttl = 30 * time.Second
