@@ -99,6 +99,7 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 		sections: make(map[*section]struct{}),
 		keys:     make(map[string]string),
 	}
+	raw := store
 	store = c.watchStore(store) // every store call below feeds Health
 	if cfg.listenOverride != nil {
 		cfg.listen = cfg.listenOverride
@@ -110,9 +111,9 @@ func newClient(store Store, callName string, opts []Option) (*Client, error) {
 	c.listener = newListener(cfg.listen, store, cfg.logger)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.onClose(c.listener.close)
-	c.renewals = newRenewals(store)
+	c.renewals = newRenewals(raw)
 	c.renewer = renewer.New(renewer.Config{
-		Store: c.renewals.renewerStore(store),
+		Store: c.renewerStore(store),
 		Now:   cfg.clock.Now,
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return cfg.clock.AfterFunc(d, f).Stop

@@ -14,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgfence/pglock/internal/renewer"
 )
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
@@ -109,13 +107,8 @@ func newRenewals(store Store) *renewals {
 	return &renewals{shared: s, pool: pool, cfg: cfg}
 }
 
-// renewerStore is the store for the renewer: r, or store itself when r has no pool to make.
-func (r *renewals) renewerStore(store Store) renewer.Store {
-	if r.cfg == nil {
-		return store
-	}
-	return r
-}
+// active reports whether r has a pool to make: else renewals go through the store.
+func (r *renewals) active() bool { return r.cfg != nil }
 
 // warm makes the own pool, once; its first connection opens in the background.
 func (r *renewals) warm() {

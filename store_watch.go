@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/renewer"
 )
 
 // Every store call a Client makes goes through a watched store, which records its
@@ -373,4 +375,28 @@ func (w watchedHistorian) jobRuns(ctx context.Context, job string, limit int) (_
 func (w watchedHistorian) jobs(ctx context.Context) (_ []JobStatus, err error) {
 	defer w.k.end(w.k.begin(ctx, "jobs", 0, false), &err)
 	return w.s.jobs(ctx)
+}
+
+// renewerStore is the renewer's way to the store: the watched store, or, when the
+// renewals have connections of their own, those, watched too.
+func (c *Client) renewerStore(store Store) renewer.Store {
+	if !c.renewals.active() {
+		return store
+	}
+	return watchedRenewals{c.renewals, c.health.calls}
+}
+
+type watchedRenewals struct {
+	r *renewals
+	k *calls
+}
+
+func (w watchedRenewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
+	return w.r.Renew(ctx, key, owner, ttl)
+}
+
+func (w watchedRenewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
+	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
+	return w.r.RenewMany(ctx, keys, owners, ttl)
 }
