@@ -94,10 +94,12 @@ type Stats struct {
 	LongTxs          int            // fenced transactions held open past the ttl, to their end
 	LongTxsExcused   int            // ... with a fault on their worker meanwhile: a lost lock is no finding
 	LongTxsRenewed   int            // ... whose fenced lock the database renewed while the transaction was open
+	LongTxsStarved   int            // ... that lost a lock, excused: the evidence shows the machine kept the renewal from being sent or answered in time
 	Probes           [3]int         // TryAcquire on a short ctx: ok, not acquired, gave up (an error: ctx, the link)
 	Ghosts           int            // leases no client knew it held
 	GhostsExpired    int            // ... left to expire rather than handed back
 	GhostsExcused    int            // ... of those, with their worker dead, paused, cut off or killed meanwhile
+	GhostsStarved    int            // ... of those, excused: the evidence shows the machine kept the hand-back from running in time
 	GhostTime        []time.Duration
 }
 
@@ -156,6 +158,12 @@ type checker struct {
 	byToken map[keyToken]*lease
 	recs    map[string][]Record // by worker, in file order
 	ops     map[string][]Record // by op, in file order
+
+	// The evidence (see evidence.go).
+	stalled  map[string][]span   // when each worker, and the controller (""), did not run
+	calls    map[string][]Record // pglock's calls, by worker
+	renewals map[string][]Record // EventRenewal, by worker
+	waits    map[string][]Wait   // pglock statements seen waiting in the server, by worker
 }
 
 // check verifies the invariants on h.
@@ -167,6 +175,7 @@ func check(h *History) *Result {
 		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{},
 		SectionCancels: map[string]int{}}
 	c.index()
+	c.indexEvidence()
 	c.run()
 	c.counters()
 	c.overlaps()
@@ -727,17 +736,27 @@ func (c *checker) longTxs() {
 			c.r.Stats.LongTxsExcused++
 			continue
 		}
+		starved := false
 		for i, kt := range e.locks {
 			r, ok := lost[workerToken{e.worker, kt.token}]
-			if !ok {
+			l := c.byToken[kt]
+			if !ok || l == nil {
+				continue
+			}
+			excused, why := c.lossVerdict(e.worker, l, r.Local)
+			if excused {
+				starved = true
 				continue
 			}
 			which := "its other lock"
 			if i == 0 {
 				which = "the transaction's own lock"
 			}
-			c.r.violate(invRenew, "%s lost %s %q (token %d) at %s (%s) while its fenced transaction on %q stayed open (%s to %s), with no fault on it",
-				e.worker, which, kt.key, kt.token, stamp(r.Local), r.F, e.locks[0].key, stamp(e.start), stamp(e.end))
+			c.r.violate(invRenew, "%s lost %s %q (token %d) at %s (%s) while its fenced transaction on %q stayed open (%s to %s), with no fault on it: %s",
+				e.worker, which, kt.key, kt.token, stamp(r.Local), r.F, e.locks[0].key, stamp(e.start), stamp(e.end), why)
+		}
+		if starved {
+			c.r.Stats.LongTxsStarved++
 		}
 	}
 }
@@ -780,8 +799,13 @@ func (c *checker) ghosts() {
 				c.r.Stats.GhostsExcused++
 				continue
 			}
-			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s",
-				key, l.owner, l.token, stamp(l.start), stamp(l.expires))
+			excused, why := c.ghostVerdict(l)
+			if excused {
+				c.r.Stats.GhostsStarved++
+				continue
+			}
+			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s: %s",
+				key, l.owner, l.token, stamp(l.start), stamp(l.expires), why)
 		}
 	}
 }

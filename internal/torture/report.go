@@ -84,12 +84,12 @@ func summary(r *Result) string {
 		st.Sections, st.SectionCancels[cancelClosed], st.SectionCancels[cancelLost], st.SectionCancels[cancelOther])
 	p("| stops that landed in a WithLock section; the longest a section worked on after Close cancelled it | %d; %s |",
 		st.StoppedInSection, ms(st.SectionTail))
-	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile | %d / %d / %d |",
-		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed)
+	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls) | %d / %d / %d / %d |",
+		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed, st.LongTxsStarved)
 	p("| probes (TryAcquire on a %v ctx): ok / not acquired / gave up (ctx ended, link failed) | %d / %d / %d |",
 		probeTimeout(cfg.TTL), st.Probes[0], st.Probes[1], st.Probes[2])
-	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused | %d / %d / %d |",
-		st.Ghosts, st.GhostsExpired, st.GhostsExcused)
+	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for stalls of the machine | %d / %d / %d / %d |",
+		st.Ghosts, st.GhostsExpired, st.GhostsExcused, st.GhostsStarved)
 	if len(st.GhostTime) > 0 {
 		p("| ghost time (the key held by a ghost): p50 / p99 / max | %s / %s / %s |",
 			ms(percentile(st.GhostTime, 50)), ms(percentile(st.GhostTime, 99)), ms(slices.Max(st.GhostTime)))

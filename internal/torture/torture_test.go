@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 const (
 	durationEnv = "PGLOCK_TORTURE_DURATION" // e.g. 20s; the default is the issue's 60s
 	seedEnv     = "PGLOCK_TORTURE_SEED"     // the seed a failed run printed
+	dirEnv      = "PGLOCK_TORTURE_DIR"      // keep the histories in a new directory under it, for `torture check -dir`
 )
 
 // TestTorture is the CI version of the torture test: 3 worker processes for 60 s, every
@@ -85,6 +86,11 @@ func tortureConfig(t *testing.T, d time.Duration) Config {
 	}
 	cfg.DatabaseURL = pglocktest.PostgresURL(t)
 	cfg.Dir = t.TempDir()
+	if d := os.Getenv(dirEnv); d != "" {
+		cfg.Dir, err = os.MkdirTemp(d, "pglock-torture-")
+		require.NoError(t, err, dirEnv)
+		t.Logf("histories kept in %s", cfg.Dir)
+	}
 	cfg.Log = testLog{t}
 	cfg.Command = "go test ./internal/torture -run " + t.Name() + " (" + seedEnv + "=" + strconv.FormatUint(cfg.Seed, 10) + ")"
 	return cfg

@@ -131,28 +131,39 @@ func runWorker(args []string) error {
 	cc.ConnectTimeout = 2 * time.Second
 	cc.RuntimeParams["application_name"] = appName(cfg.id)
 	pcfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
 	h, err := openHistory(cfg.history, cfg.id)
 	if err != nil {
 		return err
+	}
+	cc.Tracer = &callTracer{h: h}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return errors.Join(err, h.close())
+	}
+	defer pool.Close()
+	stallCtx, stopStalls := context.WithCancel(context.Background())
+	stalls := make(chan struct{})
+	go func() {
+		defer close(stalls)
+		watchStalls(stallCtx, func(due, ran time.Time) { h.add(Record{Type: typeEvent, F: fStall, Start: due, Local: ran}) })
+	}()
+	closeHistory := func() error {
+		stopStalls()
+		<-stalls
+		return h.close()
 	}
 	w := &worker{cfg: cfg, pool: pool, h: h, rng: rand.New(rand.NewPCG(cfg.seed, 0x7047))}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	w.client, err = pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithInstanceName(cfg.id),
 		pglock.WithLogger(logger), pglock.WithEventHandler(w.event))
 	if err != nil {
-		return errors.Join(err, h.close())
+		return errors.Join(err, closeHistory())
 	}
 	h.add(Record{Type: typeEvent, F: fStart, Reason: "pid " + strconv.Itoa(os.Getpid())})
 
 	err = w.run(ctx)
 	h.add(Record{Type: typeEvent, F: fStop})
-	return errors.Join(err, h.close())
+	return errors.Join(err, closeHistory())
 }
 
 func appName(id string) string { return "pglock-torture/" + id }
@@ -217,6 +228,12 @@ func (w *worker) event(ev pglock.Event) {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
 		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: ev.Key, Owner: ev.Owner, Token: ev.Token,
 			Reason: string(ev.Reason), Local: ev.Time})
+	case pglock.EventRenewal:
+		r := Record{Type: typeEvent, F: fRenewal, Start: ev.Time.Add(-ev.Duration), Local: ev.Time}
+		if ev.Err != nil {
+			r.Err = ev.Err.Error()
+		}
+		w.h.add(r)
 	}
 }
 
