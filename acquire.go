@@ -168,27 +168,46 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	}
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
-	var (
-		token int64
-		ok    bool
-		err   error
-	)
-	if marker, wakes, marking := w.marking(); marking {
-		var wanted bool
-		token, ok, wanted, err = marker.acquireOrWant(ctx, key, owner, ttl)
-		if wanted {
-			w.marked(wakes)
+	marker, wakes, marking := w.marking()
+	// The call runs on a context of its own, detached from ctx: when ctx ends first,
+	// the caller returns at once and the call goes on in the background to its reply,
+	// which says whether the store granted the key; a grant is then handed back after
+	// it, on a connection that is still open (pgx closes the connection of a statement
+	// whose ctx ends, and a release through the pool may have to wait for a new one).
+	replies := make(chan acquireReply, 1)
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer cancel()
+		var r acquireReply
+		if marking {
+			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(cctx, key, owner, ttl)
+		} else {
+			r.token, r.ok, r.err = c.store.Acquire(cctx, key, owner, ttl)
 		}
-	} else {
-		token, ok, err = c.store.Acquire(ctx, key, owner, ttl)
+		replies <- r
+	}()
+	var r acquireReply
+	select {
+	case r = <-replies:
+	case <-ctx.Done():
+		select {
+		case r = <-replies:
+		default:
+			c.handBackReply(ctx, key, owner, replies, cancel)
+			return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
+		}
+	}
+	token, ok, err := r.token, r.ok, r.err
+	if r.wanted {
+		w.marked(wakes)
 	}
 	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
 		if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) {
-			// The statement may have been granted after ctx ended or the link failed:
-			// never leave the key held by an owner nobody knows for a whole ttl. (pgx
-			// marks SafeToRetry an error from before anything was sent.)
+			// The statement may have been granted after the link failed: never leave
+			// the key held by an owner nobody knows for a whole ttl. (pgx marks
+			// SafeToRetry an error from before anything was sent.)
 			c.handBack(ctx, key, owner)
 		}
 		return nil, err
@@ -223,6 +242,46 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,
 		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil
+}
+
+// acquireReply is the reply to an acquisition's store call.
+type acquireReply struct {
+	token      int64
+	ok, wanted bool
+	err        error
+}
+
+// handBackReply hands back, in the background (Close waits for it), what the store
+// granted owner in an acquisition of key whose caller gave up before its reply: it
+// waits for the reply (for storeTimeout at most, then cancels the call), and releases
+// the key once the reply says it was granted, or hands it back as a failed call
+// (handBack) when the call failed after it may have reached the store.
+func (c *Client) handBackReply(ctx context.Context, key, owner string, replies <-chan acquireReply, cancel context.CancelFunc) {
+	after := func(r acquireReply) {
+		switch {
+		case r.err != nil && !errors.Is(r.err, ErrInvalidKey) && !errors.Is(r.err, ErrInvalidArgument) && !pgconn.SafeToRetry(r.err):
+			c.handBack(ctx, key, owner)
+		case r.err == nil && r.ok:
+			if _, err := c.releaseDetached(ctx, key, owner); err != nil {
+				c.handBack(ctx, key, owner)
+			}
+		}
+	}
+	t := time.AfterFunc(storeTimeout, cancel)
+	c.mu.Lock()
+	if c.handed {
+		c.mu.Unlock()
+		after(<-replies) // Close is ending: wait here, storeTimeout at most
+		t.Stop()
+		return
+	}
+	c.handing.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.handing.Done()
+		defer t.Stop()
+		after(<-replies)
+	}()
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a
