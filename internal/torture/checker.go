@@ -691,8 +691,9 @@ func (c *checker) job() {
 
 // longTxs checks invariant 7: while a worker kept a fenced transaction open past the
 // ttl on one lock, neither that lock nor the other it held was lost, unless a fault hit
-// the worker (or the server) from a ttl before to the end. The database's renewals of
-// the fenced lock while the transaction was open are counted.
+// the worker (or the server) from a ttl before to the end, or the evidence shows that
+// the machine kept the renewal from being sent or answered in time (lossVerdict). The
+// database's renewals of the fenced lock while the transaction was open are counted.
 func (c *checker) longTxs() {
 	type episode struct {
 		worker     string
@@ -765,7 +766,8 @@ func (c *checker) longTxs() {
 // whose ctx ended while its statement was in flight, or whose reply came too late) must
 // be handed back by the client, in the background, rather than hold the key until it
 // expires; unless its worker died, or was paused, cut off, killed, stopped or lost its
-// backends (or the server restarted) before it could. A slow link is no excuse.
+// backends (or the server restarted) before it could, or the evidence shows that the
+// machine kept the hand-back from running (ghostVerdict). A slow link is no excuse.
 func (c *checker) ghosts() {
 	known := map[workerToken]bool{}
 	for _, r := range c.h.Records {

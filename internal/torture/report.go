@@ -225,10 +225,20 @@ const method = `## How it works
 7. While a worker keeps its fenced transaction open past the ttl, neither the transaction's lock nor the other lock
    it holds is lost (no lost event, no ctx cancelled with a ` + "`*LockLostError`" + `), unless a fault hit that worker or
    the server from a ttl before to its end (counted apart): a renewal must not wait on its own client's row lock.
+   Nor is it excused by the machine unless the evidence shows it: each worker records pglock's calls (when each
+   asked the pool for a connection, was sent and answered; the connections the pool opened), its renewals, and
+   its stalls (a timer due every 10 ms that ran 30 ms late or more: the process, or its scheduler, did not run);
+   the controller records its own stalls (it runs every worker's proxy) and samples the server for pglock
+   statements waiting on a lock, a lightweight lock or I/O. A loss is excused (counted apart) only when the worker
+   or the controller did not run for half the time from the renewal's due time to the lock's deadline, and never
+   when its renewal waited on a row lock. A renewal that waited for a pool connection is pglock's. Each violation
+   says what the calls did.
 8. Every lease that no client learned it held (no acquired event, no successful probe: an acquisition whose ctx
    ended with its statement in flight) is handed back by its client rather than left to expire, unless its worker
-   died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could.
-   A slow link is no excuse. The ghost time is how long such a lease held its key.
+   died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could,
+   or the worker or the controller did not run for half of the lease (counted apart). A slow link, and a hand-back
+   that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
+   time is how long such a lease held its key.
 
 Handover is the time a key had no holder: from a release to the next acquisition by a worker already waiting, and
 from a kill to the next acquisition of what the killed worker held (a lock's lease runs out its ttl first).

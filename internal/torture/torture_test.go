@@ -540,3 +540,70 @@ func TestCheckerOneLeasePerTransaction(t *testing.T) {
 	require.False(t, r.Failed(), "%v", r.Details)
 	require.Positive(t, check(twice(0)).Violations[invOverlap], "without the transaction, the placeholder is a lease of its own")
 }
+
+// A lock lost under a fenced transaction, and a ghost left to expire, are excused only
+// when the evidence shows the machine kept pglock from acting in time: the worker or
+// the controller (the link) did not run for most of the time in which the renewal, or
+// the hand-back, was due. A renewal that waited for a pool connection, or on a row lock,
+// is pglock's, stalls or not.
+func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
+	t.Parallel()
+	lostRenewals := func() *History { // the old-renewal case: both locks lost at their deadlines
+		h := paths(baseline())
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool {
+			return (l.Token == 20 || l.Token == 21) && (l.Owner == "" || l.At.After(at(6400)))
+		})
+		h.Records = append(h.Records,
+			Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "other/w2.1", Token: 20, Local: at(7233)},
+			Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "k1", Token: 21, Local: at(7243)})
+		return h
+	}
+	stall := func(w string, from, to int) Record {
+		return Record{Worker: w, Type: typeEvent, F: fStall, Start: at(from), Local: at(to)}
+	}
+
+	h := lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6400, 6700), stall("w2.1", 6710, 7300))
+	r := check(h)
+	require.False(t, r.Failed(), "the worker did not run when its renewals were due: %v", r.Details)
+	require.Equal(t, 1, r.Stats.LongTxsStarved)
+
+	h = lostRenewals()
+	h.Stalls = []Stall{{Due: at(6600), Ran: at(7300)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the controller, the link, did not run: %v", r.Details)
+
+	h = lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6700, 6800),
+		Record{Worker: "w2.1", Type: typeEvent, F: fRenewal, Start: at(6670), Local: at(7233), Err: "context deadline exceeded"},
+		Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: callPool, Pool: at(6670), Local: at(7233), Err: "context deadline exceeded"})
+	r = check(h)
+	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited for a connection: %v", r.Details)
+	require.Contains(t, r.Details[invRenew][0], "asked the pool for a connection at")
+
+	h = lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6400, 7300))
+	h.Waits = []Wait{{At: at(6700), Worker: "w2.1", Type: "Lock", Event: "tuple", Query: "SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)",
+		BlockedBy: []string{"SELECT 1 FROM pglock.locks WHERE key = ANY($1) FOR SHARE"}}}
+	r = check(h)
+	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on the fenced row, stalls or not: %v", r.Details)
+	require.Contains(t, r.Details[invRenew][0], "waited on a row lock")
+
+	ghost := func() *History { // the old-acquire case: the probe's grant left to expire
+		h := paths(baseline())
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
+		return h
+	}
+	h = ghost()
+	h.Records = append(h.Records, stall("w2.1", 7990, 8800))
+	r = check(h)
+	require.False(t, r.Failed(), "the worker did not run to hand back: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+
+	h = ghost()
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "lock_release_async", Key: "probe/w2.1", Owner: "w2.1/p",
+		Pool: at(8010), Start: at(9100), Local: at(9150)})
+	r = check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "a hand-back that waited for a connection: %v", r.Details)
+	require.Contains(t, r.Details[invGhost][0], "waited 1.09s for a connection")
+}
