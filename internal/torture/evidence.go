@@ -12,8 +12,9 @@ import (
 // for a lock lost under a fenced transaction (invariant 7) or a ghost (invariant 8). A
 // loss is excused only when the evidence shows that the machine, not pglock, made it:
 // the process whose timers had to act (the worker) or the link (the controller, which
-// runs every worker's proxy) did not run for most of the time in which pglock had to
-// act. Anything else is a violation, and its detail says what the calls did.
+// runs every worker's proxy) did not run, or the server's commits waited on the disk
+// (the WAL), for most of the time in which pglock had to act. Anything else is a
+// violation, and its detail says what the calls did.
 
 // span is an interval of time.
 type span struct{ from, to time.Time }
@@ -63,12 +64,54 @@ func (c *checker) indexEvidence() {
 	}
 }
 
-// machineDown returns how much of [from, to] the worker or the controller did not run
-// (their stall watches' timers ran late), and says which, for a detail.
-func (c *checker) machineDown(worker string, from, to time.Time) (time.Duration, string) {
+// machineDown returns how much of [from, to] the machine held pglock up: the worker or
+// the controller did not run (their stall watches' timers ran late), or the server kept
+// the worker's statements calling fn waiting for the WAL to be written and flushed (the
+// disk: a commit waits for its flush); and it says which, for a detail.
+func (c *checker) machineDown(worker, fn string, from, to time.Time) (time.Duration, string) {
 	w, ctl := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to)
-	return max(w, ctl), fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v",
-		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond))
+	wal := overlap(c.walWaits(worker, fn), from, to)
+	return max(w, ctl, wal), fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
+		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), fn, wal.Round(time.Millisecond))
+}
+
+// walWaits returns, for each statement of worker calling fn that the controller saw
+// waiting to write or flush the WAL, the span from its first such sample to its last
+// plus the sampling period.
+func (c *checker) walWaits(worker, fn string) []span {
+	type stmt struct {
+		pid   int32
+		since time.Time
+	}
+	spans := map[stmt]*span{}
+	var order []stmt
+	for _, w := range c.waits[worker] {
+		if !strings.Contains(w.Query, "pglock."+fn) || !strings.HasPrefix(w.Event, "WAL") || (w.Type != "IO" && w.Type != "LWLock") {
+			continue
+		}
+		k := stmt{w.PID, w.Since}
+		if s := spans[k]; s != nil {
+			s.to = w.At.Add(waitSample)
+			continue
+		}
+		spans[k] = &span{w.At, w.At.Add(waitSample)}
+		order = append(order, k)
+	}
+	out := make([]span, 0, len(order))
+	for _, k := range order {
+		out = append(out, *spans[k])
+	}
+	// Statements of one worker can wait side by side: keep the spans apart.
+	slices.SortFunc(out, func(a, b span) int { return a.from.Compare(b.from) })
+	merged := out[:0]
+	for _, s := range out {
+		if n := len(merged); n > 0 && !s.from.After(merged[n-1].to) {
+			merged[n-1].to = maxTime(merged[n-1].to, s.to)
+			continue
+		}
+		merged = append(merged, s)
+	}
+	return merged
 }
 
 // callHas reports whether call r was about key for owner.
@@ -168,7 +211,7 @@ func (c *checker) lossVerdict(worker string, l *lease, lostAt time.Time) (excuse
 			calls = append(calls, describeCall(r))
 		}
 	}
-	down, who := c.machineDown(worker, due, deadline)
+	down, who := c.machineDown(worker, "lock_renew", due, deadline)
 	why = fmt.Sprintf("its last confirmed renewal was sent at %s: the next was due at %s, the deadline %s; %s", stamp(last), stamp(due), stamp(deadline), who)
 	if len(calls) == 0 {
 		why += "; no renewal of it was sent"
@@ -199,7 +242,7 @@ func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 			calls = append(calls, describeCall(r))
 		}
 	}
-	down, who := c.machineDown(l.worker, l.start, l.expires)
+	down, who := c.machineDown(l.worker, "lock_acquire", l.start, l.expires)
 	why = "granted at " + stamp(l.start) + ", expired at " + stamp(l.expires) + "; " + who
 	if len(calls) == 0 {
 		why += "; no hand-back was sent"

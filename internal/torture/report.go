@@ -84,11 +84,11 @@ func summary(r *Result) string {
 		st.Sections, st.SectionCancels[cancelClosed], st.SectionCancels[cancelLost], st.SectionCancels[cancelOther])
 	p("| stops that landed in a WithLock section; the longest a section worked on after Close cancelled it | %d; %s |",
 		st.StoppedInSection, ms(st.SectionTail))
-	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls) | %d / %d / %d / %d |",
+	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls, WAL flushes) | %d / %d / %d / %d |",
 		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed, st.LongTxsStarved)
 	p("| probes (TryAcquire on a %v ctx): ok / not acquired / gave up (ctx ended, link failed) | %d / %d / %d |",
 		probeTimeout(cfg.TTL), st.Probes[0], st.Probes[1], st.Probes[2])
-	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for stalls of the machine | %d / %d / %d / %d |",
+	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for the machine (stalls, WAL flushes) | %d / %d / %d / %d |",
 		st.Ghosts, st.GhostsExpired, st.GhostsExcused, st.GhostsStarved)
 	if len(st.GhostTime) > 0 {
 		p("| ghost time (the key held by a ghost): p50 / p99 / max | %s / %s / %s |",
@@ -230,13 +230,14 @@ const method = `## How it works
    its stalls (a timer due every 10 ms that ran 30 ms late or more: the process, or its scheduler, did not run);
    the controller records its own stalls (it runs every worker's proxy) and samples the server for pglock
    statements waiting on a lock, a lightweight lock or I/O. A loss is excused (counted apart) only when the worker
-   or the controller did not run for half the time from the renewal's due time to the lock's deadline, and never
-   when its renewal waited on a row lock. A renewal that waited for a pool connection is pglock's. Each violation
-   says what the calls did.
+   or the controller did not run, or the server kept the worker's renewals waiting for the WAL flush (the disk),
+   for half the time from the renewal's due time to the lock's deadline; never when its renewal waited on a row
+   lock. A renewal that waited for a pool connection is pglock's. Each violation says what the calls did.
 8. Every lease that no client learned it held (no acquired event, no successful probe: an acquisition whose ctx
    ended with its statement in flight) is handed back by its client rather than left to expire, unless its worker
    died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could,
-   or the worker or the controller did not run for half of the lease (counted apart). A slow link, and a hand-back
+   or the worker or the controller did not run, or the acquisition's commit waited for the WAL flush, for half of
+   the lease (counted apart: the hand-back follows the reply, which follows the commit). A slow link, and a hand-back
    that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
    time is how long such a lease held its key.
 

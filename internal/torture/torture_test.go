@@ -543,8 +543,8 @@ func TestCheckerOneLeasePerTransaction(t *testing.T) {
 
 // A lock lost under a fenced transaction, and a ghost left to expire, are excused only
 // when the evidence shows the machine kept pglock from acting in time: the worker or
-// the controller (the link) did not run for most of the time in which the renewal, or
-// the hand-back, was due. A renewal that waited for a pool connection, or on a row lock,
+// the controller (the link) did not run, or the server's commit waited for the WAL
+// flush, for most of the time in which the renewal, or the hand-back, was due. A renewal that waited for a pool connection, or on a row lock,
 // is pglock's, stalls or not.
 func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	t.Parallel()
@@ -598,6 +598,13 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	h.Records = append(h.Records, stall("w2.1", 7990, 8800))
 	r = check(h)
 	require.False(t, r.Failed(), "the worker did not run to hand back: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+
+	h = ghost()
+	h.Waits = []Wait{{At: at(8000), Worker: "w2.1", PID: 7, Type: "IO", Event: "WALSync", Query: "SELECT pglock.lock_acquire($1, $2, $3)", Since: at(7995)},
+		{At: at(8980), Worker: "w2.1", PID: 7, Type: "LWLock", Event: "WALWrite", Query: "SELECT pglock.lock_acquire($1, $2, $3)", Since: at(7995)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the acquisition's commit waited for the WAL flush past the expiry: %v", r.Details)
 	require.Equal(t, 1, r.Stats.GhostsStarved)
 
 	h = ghost()
