@@ -47,7 +47,16 @@ type Result struct {
 	Config     Config
 	Violations [invariants]int
 	Details    [invariants][]string
-	Stats      Stats
+	// Excused says, for the first maxDetails of them, which losses (7) and ghosts (8)
+	// the evidence showed to be the machine's doing, and what it showed.
+	Excused []string
+	Stats   Stats
+}
+
+func (r *Result) excuse(format string, args ...any) {
+	if len(r.Excused) < maxDetails {
+		r.Excused = append(r.Excused, fmt.Sprintf(format, args...))
+	}
 }
 
 // Failed reports whether the run broke an invariant, or could not show that the
@@ -747,6 +756,8 @@ func (c *checker) longTxs() {
 			excused, why := c.lossVerdict(e.worker, l, r.Local)
 			if excused {
 				starved = true
+				c.r.excuse("(7) %s lost %q (token %d) at %s under its fenced transaction on %q: %s",
+					e.worker, kt.key, kt.token, stamp(r.Local), e.locks[0].key, why)
 				continue
 			}
 			which := "its other lock"
@@ -804,6 +815,7 @@ func (c *checker) ghosts() {
 			excused, why := c.ghostVerdict(l)
 			if excused {
 				c.r.Stats.GhostsStarved++
+				c.r.excuse("(8) %q granted to %s (token %d), a ghost until it expired: %s", key, l.owner, l.token, why)
 				continue
 			}
 			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s: %s",

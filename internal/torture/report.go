@@ -152,6 +152,14 @@ func summary(r *Result) string {
 		}
 		p("")
 	}
+	if len(r.Excused) > 0 {
+		p("## Excused for the machine, with the evidence")
+		p("")
+		for _, e := range r.Excused {
+			p("- %s", e)
+		}
+		p("")
+	}
 	return b.String()
 }
 
