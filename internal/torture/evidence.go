@@ -219,6 +219,12 @@ func (c *checker) lossVerdict(worker string, l *lease, lostAt time.Time) (excuse
 		why += "; then " + strings.Join(calls, "; ")
 	}
 	why += c.connects(worker, last, lostAt)
+	if slices.ContainsFunc(c.calls[worker], func(r Record) bool {
+		return sent(r).After(last) && sent(r).Before(deadline) && (r.Reason == callPool && c.renewalAt(worker, r.Pool) ||
+			callHas(r, l.key, l.owner) && r.Start.Sub(r.Pool) >= (deadline.Sub(due))/2)
+	}) {
+		why += "; the renewal waited for a connection of the pool it shares with the application (issue 17 item 8), not on the transaction's row"
+	}
 	// The renewer had from due to the deadline to renew: the machine made it late when
 	// the worker or its link did not run for most of that time.
 	return down >= deadline.Sub(due)/2, why
