@@ -90,6 +90,7 @@ type Stats struct {
 	Faults                  map[string]int
 	LostSignals             map[string]int // by reason
 	PausedHolders           int            // expired leases whose holder was stopped: no signal owed
+	LateStalled             int            // signals later than the slack, excused: the worker did not run meanwhile
 	Lateness                []time.Duration
 	LostUpdates             int // unfenced increments lost
 	UnfencedOverlaps        int // unfenced critical sections that overlapped another
@@ -571,6 +572,14 @@ func (c *checker) signals() {
 				continue
 			}
 			c.r.Stats.Lateness = append(c.r.Stats.Lateness, s.Sub(e))
+			// Later than the slack because the worker did not run (its stall watch ran
+			// late from before the expiry to the signal): the machine's doing.
+			if down := overlap(c.stalled[l.worker], e.Add(-c.slack), s); s.After(e.Add(c.slack)) && !s.After(e.Add(c.slack+down)) {
+				c.r.Stats.LateStalled++
+				c.r.excuse("(3) %s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s): it did not run for %v of that time",
+					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e), down.Round(time.Millisecond))
+				continue
+			}
 			if s.After(e.Add(c.slack)) {
 				c.r.violate(invSignal, "%s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s)",
 					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e))
@@ -750,8 +759,8 @@ func (c *checker) longTxs() {
 		for i, kt := range e.locks {
 			r, ok := lost[workerToken{e.worker, kt.token}]
 			l := c.byToken[kt]
-			if !ok || l == nil {
-				continue
+			if !ok || l == nil || r.Local.Before(e.start) {
+				continue // kept, or lost before the transaction began (while the worker waited for its key)
 			}
 			excused, why := c.lossVerdict(e.worker, l, r.Local)
 			if excused {

@@ -126,6 +126,7 @@ func summary(r *Result) string {
 			ms(percentile(st.Lateness, 50)), ms(percentile(st.Lateness, 99)), ms(slices.Max(st.Lateness)))
 	}
 	p("| expired leases of paused holders (no signal possible) | %d |", st.PausedHolders)
+	p("| signals later than the slack while their worker did not run (stalls: the machine's doing) | %d |", st.LateStalled)
 	p("| longest a paused leader believed it led past its lease | %s |", ms(st.LeaderPausedExcess))
 	p("")
 	p("| handover (no holder, database clock) | n | p50 | p99 | max |")
@@ -221,7 +222,8 @@ const method = `## How it works
    the lost event or the leader's ctx for the election's and the job's) or let the lock go (a Release call)
    no later than the expiry plus the slack; when the acquisition's reply arrived after the expiry (held back by a
    partition), no later than its return plus the slack. Paused holders are counted apart: no lease can tell them in
-   time, which is why fencing exists.
+   time, which is why fencing exists. So are signals later than the slack by no more than the time the worker's
+   stall watch shows it did not run, from the slack before the expiry to the signal: the machine's doing.
 4. No two leases of the election key overlap; OnLost only after an OnAcquired of the same token in the same
    process, at most once; and no two workers believe they lead (from OnAcquired to the cancellation of its ctx) at
    the same time for longer than the slack, a paused leader's belief being cut at its lease's expiry (counted).

@@ -589,6 +589,28 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on the fenced row, stalls or not: %v", r.Details)
 	require.Contains(t, r.Details[invRenew][0], "waited on a row lock")
 
+	h = paths(baseline()) // the old-deadline case: the short lock's ctx cancelled 967 ms after its expiry
+	for i, r := range h.Records {
+		if r.F == fCtxLost && r.Token == 40 {
+			h.Records[i].Local = at(8300)
+		}
+	}
+	require.Equal(t, 1, check(h).Violations[invSignal])
+	h.Records = append(h.Records, stall("w1.1", 7300, 7800))
+	require.Equal(t, 1, check(h).Violations[invSignal], "stalls shorter than the lateness excuse nothing")
+	h.Records = append(h.Records, stall("w1.1", 7810, 8290))
+	r = check(h)
+	require.False(t, r.Failed(), "the worker did not run: %v", r.Details)
+	require.Equal(t, 1, r.Stats.LateStalled)
+
+	h = lostRenewals() // a loss before the transaction began is not the transaction's
+	for i, r := range h.Records {
+		if r.F == fLongTx && r.Type == typeInvoke {
+			h.Records[i].Local = at(7300)
+		}
+	}
+	require.False(t, check(h).Failed(), "lost before the transaction began")
+
 	ghost := func() *History { // the old-acquire case: the probe's grant left to expire
 		h := paths(baseline())
 		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
