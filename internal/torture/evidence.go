@@ -20,7 +20,7 @@ import (
 type span struct{ from, to time.Time }
 
 // overlap returns how much of [from, to] the spans cover (they do not overlap each
-// other).
+// other: see union).
 func overlap(spans []span, from, to time.Time) time.Duration {
 	var d time.Duration
 	for _, s := range spans {
@@ -69,9 +69,19 @@ func (c *checker) indexEvidence() {
 // the worker's statements calling fn waiting for the WAL to be written and flushed (the
 // disk: a commit waits for its flush); and it says which, for a detail.
 func (c *checker) machineDown(worker, fn string, from, to time.Time) (time.Duration, string) {
-	w, ctl := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to)
-	wal := overlap(c.walWaits(worker, fn), from, to)
-	return max(w, ctl, wal), fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
+	walSpans := c.walWaits(worker, fn)
+	w, ctl, wal := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to), overlap(walSpans, from, to)
+	// A call needs all three (the worker, its link, the server's flush) to move on:
+	// the time any of them was down held it up.
+	var all []span
+	for _, ss := range [][]span{c.stalled[worker], c.stalled[""], walSpans} {
+		for _, s := range ss {
+			if s.to.After(from) && s.from.Before(to) {
+				all = append(all, s)
+			}
+		}
+	}
+	return overlap(union(all), from, to), fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
 		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), fn, wal.Round(time.Millisecond))
 }
 
@@ -101,10 +111,15 @@ func (c *checker) walWaits(worker, fn string) []span {
 	for _, k := range order {
 		out = append(out, *spans[k])
 	}
-	// Statements of one worker can wait side by side: keep the spans apart.
-	slices.SortFunc(out, func(a, b span) int { return a.from.Compare(b.from) })
-	merged := out[:0]
-	for _, s := range out {
+	return union(out) // statements of one worker can wait side by side
+}
+
+// union returns spans merged where they overlap, in order.
+func union(spans []span) []span {
+	spans = slices.Clone(spans)
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	merged := spans[:0]
+	for _, s := range spans {
 		if n := len(merged); n > 0 && !s.from.After(merged[n-1].to) {
 			merged[n-1].to = maxTime(merged[n-1].to, s.to)
 			continue
