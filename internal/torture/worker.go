@@ -485,10 +485,16 @@ func (w *worker) twoTTLs(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		// Watched from the start: it may be lost while the long one is being taken.
 		unwatchShort := func() bool { return false }
+		if w.cfg.mutate != mutOldDeadline {
+			unwatchShort = w.watch(short)
+		}
 		long, err := w.acquire(ctx, "long/"+w.cfg.id, pglock.TTL(2*w.cfg.ttl), pglock.Wait(3*w.cfg.ttl))
 		if err == nil {
-			unwatchShort = w.watchShort(short, long)
+			if w.cfg.mutate == mutOldDeadline {
+				unwatchShort = w.watchShort(short, long)
+			}
 			unwatchLong := w.watch(long)
 			sleep(ctx, between(rng, 2*w.cfg.ttl, 4*w.cfg.ttl))
 			w.release(long)
@@ -499,13 +505,10 @@ func (w *worker) twoTTLs(ctx context.Context) {
 	}
 }
 
-// watchShort watches the short lock of twoTTLs. Under the old-deadline mutation its
+// watchShort watches the short lock of twoTTLs under the old-deadline mutation: its
 // loss is recorded only once the long lock's ctx has ended too, as when the old
 // renewer's call for the long lock held up the short one's deadline.
 func (w *worker) watchShort(short, long *pglock.Lock) (stop func() bool) {
-	if w.cfg.mutate != mutOldDeadline {
-		return w.watch(short)
-	}
 	return context.AfterFunc(short.Context(), func() {
 		<-long.Context().Done()
 		w.lostCtx(short)
