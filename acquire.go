@@ -186,19 +186,38 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	}
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
-	var (
-		token int64
-		ok    bool
-		err   error
-	)
-	if marker, wakes, marking := w.marking(); marking {
-		var wanted bool
-		token, ok, wanted, err = marker.acquireOrWant(ctx, key, owner, ttl)
-		if wanted {
-			w.marked(wakes)
+	marker, wakes, marking := w.marking()
+	// The call runs on a context of its own, detached from ctx: when ctx ends first,
+	// the caller returns at once and the call goes on in the background to its reply,
+	// which says whether the store granted the key; a grant is then handed back after
+	// it, on a connection that is still open (pgx closes the connection of a statement
+	// whose ctx ends, and a release through the pool may have to wait for a new one).
+	replies := make(chan acquireReply, 1)
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		defer cancel()
+		var r acquireReply
+		if marking {
+			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(cctx, key, owner, ttl)
+		} else {
+			r.token, r.ok, r.err = c.store.Acquire(cctx, key, owner, ttl)
 		}
-	} else {
-		token, ok, err = c.store.Acquire(ctx, key, owner, ttl)
+		replies <- r
+	}()
+	var r acquireReply
+	select {
+	case r = <-replies:
+	case <-ctx.Done():
+		select {
+		case r = <-replies:
+		default:
+			c.undoAbandoned(key, owner, ttl, replies, cancel)
+			return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
+		}
+	}
+	token, ok, err := r.token, r.ok, r.err
+	if r.wanted {
+		w.marked(wakes)
 	}
 	repliedAt := c.clock.Now()
 	switch {
@@ -253,6 +272,49 @@ func mayHaveReached(err error) bool {
 	var op *net.OpError
 	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) &&
 		!errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
+}
+
+// acquireReply is the reply to an acquisition's store call.
+type acquireReply struct {
+	token      int64
+	ok, wanted bool
+	err        error
+}
+
+// undoAbandoned undoes what an acquisition of key may have been granted when its caller
+// gave up before the reply: in the background (Close waits for it), it waits for the
+// reply, storeTimeout at most, then cancels the call; a grant, or a call that failed
+// after it may have reached the server, is then undone (undoAcquire). The reply comes on
+// the call's own connection, which stays open: the release that follows finds it in the
+// pool rather than waiting for a new one.
+func (c *Client) undoAbandoned(key, owner string, ttl time.Duration, replies <-chan acquireReply, cancel context.CancelFunc) {
+	h := c.handBacks
+	await := func() {
+		t := time.AfterFunc(storeTimeout, cancel)
+		defer t.Stop()
+		var r acquireReply
+		select {
+		case r = <-replies:
+		case <-h.ctx.Done(): // Close gave up waiting
+			cancel()
+			r = <-replies
+		}
+		if (r.err == nil && r.ok) || (r.err != nil && mayHaveReached(r.err)) {
+			c.undoAcquire(key, owner, ttl)
+		}
+	}
+	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		await() // Close is handing back already: wait here
+		return
+	}
+	h.awaiting.Add(1)
+	h.mu.Unlock()
+	go func() {
+		defer h.awaiting.Done()
+		await()
+	}()
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a

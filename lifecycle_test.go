@@ -178,6 +178,37 @@ func TestAcquireWhoseCtxEndsInFlightHandsTheKeyBack(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 }
 
+// An acquisition whose ctx ends in flight keeps its connection: its statement runs on
+// to its reply, and what it was granted is handed back on an open connection. Were the
+// connection closed, as pgx does to a statement whose ctx ends, the hand-back (and every
+// call after it, the renewals of the client's other locks included) would wait for a new
+// one, which a loaded machine takes up to seconds to open: the torture test saw keys
+// left to ghosts until they expired, and locks lost, that way.
+func TestAcquireWhoseCtxEndsInFlightKeepsItsConnection(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 1)
+	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(10*time.Second))
+	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
+	warm, err := a.TryAcquire(t.Context(), "warm")
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(t.Context()))
+	accepted := proxy.Accepted()
+
+	proxy.SetDelay(tcpproxy.ToClient, 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err = a.TryAcquire(ctx, "order:43")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var l *pglock.Lock
+	require.Eventually(t, func() bool {
+		l, err = b.TryAcquire(t.Context(), "order:43")
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
+	require.NoError(t, l.Release(t.Context()))
+	require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection: the hand-back had to open another")
+}
+
 // Path 4: a link that goes silent under locks of two ttls. Each lock's context is
 // cancelled at its own deadline, before the database could give the key away, whatever
 // the renewal call of the other lock is doing. The schedule is arranged so that the

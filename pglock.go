@@ -339,6 +339,8 @@ type handBacks struct {
 	wake    chan struct{} // a new hand-back or Close, for the worker
 	idle    chan struct{} // closed when the running worker ends; nil when none runs
 	closing bool          // Close began: one last release each; none waits once the worker ends
+
+	awaiting sync.WaitGroup // abandoned acquisitions waiting for their replies (undoAbandoned)
 }
 
 type handBackID struct{ key, owner string }
@@ -471,12 +473,23 @@ func (h *handBacks) first() (handBackID, *handBack) {
 	return id, first
 }
 
-// close gives every pending hand-back its last release and waits for the worker, or
-// for ctx to end: then it cancels the call in flight, drops the rest and returns ctx's
-// cause. Hand-backs that come later make their one release call in their caller.
+// close waits for the abandoned acquisitions' replies, then gives every pending
+// hand-back its last release and waits for the worker, or for ctx to end: then it
+// cancels the calls in flight, drops the rest and returns ctx's cause. Hand-backs that come later make their one release call in their caller.
 func (h *handBacks) close(ctx context.Context) error {
 	h.mu.Lock()
 	h.closing = true
+	h.mu.Unlock()
+	replied := make(chan struct{})
+	go func() {
+		h.awaiting.Wait()
+		close(replied)
+	}()
+	if err := waitDone(ctx, replied); err != nil {
+		h.cancel() // their calls end, and so does the goroutine above
+		return err
+	}
+	h.mu.Lock()
 	idle := h.idle
 	h.mu.Unlock()
 	if idle == nil {

@@ -47,7 +47,16 @@ type Result struct {
 	Config     Config
 	Violations [invariants]int
 	Details    [invariants][]string
-	Stats      Stats
+	// Excused says, for the first maxDetails of them, which losses (7) and ghosts (8)
+	// the evidence showed to be the machine's doing, and what it showed.
+	Excused []string
+	Stats   Stats
+}
+
+func (r *Result) excuse(format string, args ...any) {
+	if len(r.Excused) < maxDetails {
+		r.Excused = append(r.Excused, fmt.Sprintf(format, args...))
+	}
 }
 
 // Failed reports whether the run broke an invariant, or could not show that the
@@ -81,6 +90,7 @@ type Stats struct {
 	Faults                  map[string]int
 	LostSignals             map[string]int // by reason
 	PausedHolders           int            // expired leases whose holder was stopped: no signal owed
+	LateStalled             int            // signals later than the slack, excused: the worker did not run meanwhile
 	Lateness                []time.Duration
 	LostUpdates             int // unfenced increments lost
 	UnfencedOverlaps        int // unfenced critical sections that overlapped another
@@ -94,10 +104,12 @@ type Stats struct {
 	LongTxs          int            // fenced transactions held open past the ttl, to their end
 	LongTxsExcused   int            // ... with a fault on their worker meanwhile: a lost lock is no finding
 	LongTxsRenewed   int            // ... whose fenced lock the database renewed while the transaction was open
+	LongTxsStarved   int            // ... that lost a lock, excused: the evidence shows the machine kept the renewal from being sent or answered in time
 	Probes           [3]int         // TryAcquire on a short ctx: ok, not acquired, gave up (an error: ctx, the link)
 	Ghosts           int            // leases no client knew it held
 	GhostsExpired    int            // ... left to expire rather than handed back
 	GhostsExcused    int            // ... of those, with their worker dead, paused, cut off or killed meanwhile
+	GhostsStarved    int            // ... of those, excused: the evidence shows the machine kept the hand-back from running in time
 	GhostTime        []time.Duration
 }
 
@@ -156,6 +168,12 @@ type checker struct {
 	byToken map[keyToken]*lease
 	recs    map[string][]Record // by worker, in file order
 	ops     map[string][]Record // by op, in file order
+
+	// The evidence (see evidence.go).
+	stalled  map[string][]span   // when each worker, and the controller (""), did not run
+	calls    map[string][]Record // pglock's calls, by worker
+	renewals map[string][]Record // EventRenewal, by worker
+	waits    map[string][]Wait   // pglock statements seen waiting in the server, by worker
 }
 
 // check verifies the invariants on h.
@@ -167,6 +185,7 @@ func check(h *History) *Result {
 		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{},
 		SectionCancels: map[string]int{}}
 	c.index()
+	c.indexEvidence()
 	c.run()
 	c.counters()
 	c.overlaps()
@@ -553,6 +572,14 @@ func (c *checker) signals() {
 				continue
 			}
 			c.r.Stats.Lateness = append(c.r.Stats.Lateness, s.Sub(e))
+			// Later than the slack because the worker did not run (its stall watch ran
+			// late from before the expiry to the signal): the machine's doing.
+			if down := overlap(c.stalled[l.worker], e.Add(-c.slack), s); s.After(e.Add(c.slack)) && !s.After(e.Add(c.slack+down)) {
+				c.r.Stats.LateStalled++
+				c.r.excuse("(3) %s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s): it did not run for %v of that time",
+					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e), down.Round(time.Millisecond))
+				continue
+			}
 			if s.After(e.Add(c.slack)) {
 				c.r.violate(invSignal, "%s was told at %s that its lease %q (token %d) was lost, %v after it was due (by %s)",
 					l.worker, stamp(s), key, l.token, s.Sub(e).Round(time.Microsecond), stamp(e))
@@ -682,8 +709,9 @@ func (c *checker) job() {
 
 // longTxs checks invariant 7: while a worker kept a fenced transaction open past the
 // ttl on one lock, neither that lock nor the other it held was lost, unless a fault hit
-// the worker (or the server) from a ttl before to the end. The database's renewals of
-// the fenced lock while the transaction was open are counted.
+// the worker (or the server) from a ttl before to the end, or the evidence shows that
+// the machine kept the renewal from being sent or answered in time (lossVerdict). The
+// database's renewals of the fenced lock while the transaction was open are counted.
 func (c *checker) longTxs() {
 	type episode struct {
 		worker     string
@@ -727,17 +755,29 @@ func (c *checker) longTxs() {
 			c.r.Stats.LongTxsExcused++
 			continue
 		}
+		starved := false
 		for i, kt := range e.locks {
 			r, ok := lost[workerToken{e.worker, kt.token}]
-			if !ok {
+			l := c.byToken[kt]
+			if !ok || l == nil || r.Local.Before(e.start) {
+				continue // kept, or lost before the transaction began (while the worker waited for its key)
+			}
+			excused, why := c.lossVerdict(e.worker, l, r.Local)
+			if excused {
+				starved = true
+				c.r.excuse("(7) %s lost %q (token %d) at %s under its fenced transaction on %q: %s",
+					e.worker, kt.key, kt.token, stamp(r.Local), e.locks[0].key, why)
 				continue
 			}
 			which := "its other lock"
 			if i == 0 {
 				which = "the transaction's own lock"
 			}
-			c.r.violate(invRenew, "%s lost %s %q (token %d) at %s (%s) while its fenced transaction on %q stayed open (%s to %s), with no fault on it",
-				e.worker, which, kt.key, kt.token, stamp(r.Local), r.F, e.locks[0].key, stamp(e.start), stamp(e.end))
+			c.r.violate(invRenew, "%s lost %s %q (token %d) at %s (%s) while its fenced transaction on %q stayed open (%s to %s), with no fault on it: %s",
+				e.worker, which, kt.key, kt.token, stamp(r.Local), r.F, e.locks[0].key, stamp(e.start), stamp(e.end), why)
+		}
+		if starved {
+			c.r.Stats.LongTxsStarved++
 		}
 	}
 }
@@ -746,7 +786,8 @@ func (c *checker) longTxs() {
 // whose ctx ended while its statement was in flight, or whose reply came too late) must
 // be handed back by the client, in the background, rather than hold the key until it
 // expires; unless its worker died, or was paused, cut off, killed, stopped or lost its
-// backends (or the server restarted) before it could. A slow link is no excuse.
+// backends (or the server restarted) before it could, or the evidence shows that the
+// machine kept the hand-back from running (ghostVerdict). A slow link is no excuse.
 func (c *checker) ghosts() {
 	known := map[workerToken]bool{}
 	for _, r := range c.h.Records {
@@ -780,8 +821,14 @@ func (c *checker) ghosts() {
 				c.r.Stats.GhostsExcused++
 				continue
 			}
-			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s",
-				key, l.owner, l.token, stamp(l.start), stamp(l.expires))
+			excused, why := c.ghostVerdict(l)
+			if excused {
+				c.r.Stats.GhostsStarved++
+				c.r.excuse("(8) %q granted to %s (token %d), a ghost until it expired: %s", key, l.owner, l.token, why)
+				continue
+			}
+			c.r.violate(invGhost, "%q was granted to %s (token %d) at %s, which never knew it held it nor handed it back: a ghost held the key until it expired at %s: %s",
+				key, l.owner, l.token, stamp(l.start), stamp(l.expires), why)
 		}
 	}
 }

@@ -151,6 +151,8 @@ type controller struct {
 	mu     sync.Mutex
 	lives  []*Life
 	faults []Fault
+	stalls []Stall
+	waits  []Wait
 }
 
 // slot is a place for a worker: its proxy outlives the worker's incarnations.
@@ -196,6 +198,25 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	c.logf("seed %d, %d workers, %d keys, ttl %v, %v, faults %s; histories in %s",
 		cfg.Seed, cfg.Workers, cfg.Keys, cfg.TTL, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.Dir)
 	c.t0 = time.Now()
+	// The evidence of what the machine did: the controller's own stalls (its proxies are
+	// every worker's link) and the workers' statements waiting in the server.
+	wctx, stopWatching := context.WithCancel(ctx)
+	var watching sync.WaitGroup
+	defer func() { stopWatching(); watching.Wait() }()
+	watching.Go(func() {
+		watchStalls(wctx, func(due, ran time.Time) {
+			c.mu.Lock()
+			c.stalls = append(c.stalls, Stall{Due: due, Ran: ran})
+			c.mu.Unlock()
+		})
+	})
+	watching.Go(func() {
+		sampleWaits(wctx, cfg.DatabaseURL, func(w Wait) {
+			c.mu.Lock()
+			c.waits = append(c.waits, w)
+			c.mu.Unlock()
+		})
+	})
 	for i := range cfg.Workers {
 		p, err := tcpproxy.New(dial)
 		if err != nil {
@@ -210,6 +231,8 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	runErr := c.nemesis(ctx)
 	sleep(ctx, 2*cfg.TTL) // quiet: the last fault's effects settle before shutdown
 	c.stopAll()
+	stopWatching()
+	watching.Wait()
 	if runErr != nil {
 		return nil, runErr
 	}
@@ -621,6 +644,7 @@ func (c *controller) collect(ctx context.Context) (*History, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	h.Faults = slices.Clone(c.faults)
+	h.Stalls, h.Waits = slices.Clone(c.stalls), slices.Clone(c.waits)
 	for _, l := range c.lives {
 		h.Lives = append(h.Lives, *l)
 	}

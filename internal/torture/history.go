@@ -44,6 +44,9 @@ const (
 	fSlow    = "slow"    // CPU burners started
 	fStart   = "start"   // the worker is up
 	fStop    = "stop"    // the worker shut down cleanly
+	fCall    = "call"    // a pglock statement on the worker's pool (callTracer); Reason: the function
+	fRenewal = "renewal" // EventRenewal: a renewal call ended; Start: sent, Local: answered
+	fStall   = "stall"   // the worker's stall watch ran late: Start its due time, Local when it ran
 	// Lock events from pglock.WithEventHandler keep their EventType: "acquired",
 	// "released", "lost".
 )
@@ -60,9 +63,12 @@ type Record struct {
 	Token  int64     `json:"token,omitempty"`
 	Read   int64     `json:"read,omitempty"`  // the value read
 	Wrote  int64     `json:"wrote,omitempty"` // the value written, or the tick run
-	Start  time.Time `json:"start,omitzero"`  // the invoke's time, on completions of acquire
-	Local  time.Time `json:"t"`               // on the worker's clock
-	DB     time.Time `json:"db,omitzero"`     // clock_timestamp() of the statement, when it returned one
+	Start  time.Time `json:"start,omitzero"`  // the invoke's time, on completions of acquire; a call's send
+	Pool   time.Time `json:"pool,omitzero"`   // when a call asked the pool for its connection
+	Keys   []string  `json:"keys,omitempty"`  // a batched call's keys
+	Owners []string  `json:"owners,omitempty"`
+	Local  time.Time `json:"t"`           // on the worker's clock
+	DB     time.Time `json:"db,omitzero"` // clock_timestamp() of the statement, when it returned one
 	Reason string    `json:"reason,omitempty"`
 	Err    string    `json:"err,omitempty"`
 }
@@ -116,6 +122,28 @@ type WriteRow struct {
 	At       time.Time `json:"at"`
 }
 
+// Stall is a time the controller's stall watch ran late: the controller runs the
+// workers' proxies, so while it stalls every link is slow.
+type Stall struct {
+	Due time.Time `json:"due"`
+	Ran time.Time `json:"ran"`
+}
+
+// Wait is a pglock statement of a worker that the controller saw waiting in the server
+// (pg_stat_activity sampled every waitSample): on a lock (a row lock: Lock), on an
+// internal lock (LWLock, such as WALWrite) or on I/O (IO, such as WALSync).
+type Wait struct {
+	At        time.Time `json:"at"` // the sample, on the database clock
+	Worker    string    `json:"w"`
+	PID       int32     `json:"pid"`
+	Type      string    `json:"type"`
+	Event     string    `json:"event"`
+	Query     string    `json:"query"`
+	Since     time.Time `json:"since"` // the statement's start
+	Blockers  []int32   `json:"blockers,omitempty"`
+	BlockedBy []string  `json:"blocked_by,omitempty"` // the blockers' statements
+}
+
 // History is everything the checker reads: the workers' records, the nemesis's faults,
 // the processes, and what the database logged.
 type History struct {
@@ -125,6 +153,8 @@ type History struct {
 	Lives   []Life                      `json:"-"`
 	Leases  []LeaseRow                  `json:"-"`
 	Writes  []WriteRow                  `json:"-"`
+	Stalls  []Stall                     `json:"-"`
+	Waits   []Wait                      `json:"-"`
 	Final   map[string]map[string]int64 `json:"final"` // table → key → value at the end
 }
 
@@ -178,6 +208,8 @@ const (
 	fileLives   = "workers.jsonl"
 	fileLeases  = "leases.jsonl"
 	fileWrites  = "writes.jsonl"
+	fileStalls  = "stalls.jsonl" // the controller's
+	fileWaits   = "waits.jsonl"
 	historyGlob = "history-*.jsonl"
 )
 
@@ -246,6 +278,8 @@ func saveHistory(dir string, h *History) error {
 		writeJSONLines(filepath.Join(dir, fileLives), h.Lives),
 		writeJSONLines(filepath.Join(dir, fileLeases), h.Leases),
 		writeJSONLines(filepath.Join(dir, fileWrites), h.Writes),
+		writeJSONLines(filepath.Join(dir, fileStalls), h.Stalls),
+		writeJSONLines(filepath.Join(dir, fileWaits), h.Waits),
 	)
 }
 
@@ -269,6 +303,13 @@ func loadHistory(dir string) (*History, error) {
 		return nil, err
 	}
 	if h.Writes, err = readJSONLines[WriteRow](filepath.Join(dir, fileWrites)); err != nil {
+		return nil, err
+	}
+	// Runs from before the stall watch and the wait sampler have neither file.
+	if h.Stalls, err = readJSONLines[Stall](filepath.Join(dir, fileStalls)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	if h.Waits, err = readJSONLines[Wait](filepath.Join(dir, fileWaits)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	files, err := filepath.Glob(filepath.Join(dir, historyGlob))

@@ -14,7 +14,12 @@
 // CPU, and restarts PostgreSQL, in an order and with timings drawn from a printed seed.
 //
 // Every worker appends what it did to its own history file; triggers log, in the
-// writes' own transactions, every lease change and every accepted write. After the run
+// writes' own transactions, every lease change and every accepted write. The workers
+// also record the evidence the checker weighs before it blames pglock for a loss the
+// machine may have caused (see evidence.go): pglock's calls on their pools (when each
+// asked for a connection, was sent and answered), the connections opened, the renewals,
+// and their own stalls; the controller records its stalls and samples the server for
+// pglock statements waiting on locks or on the WAL. After the run
 // the checker verifies the invariants of issue 7 (see checker.go) and prints a report,
 // which the long run writes to RELIABILITY.md:
 //

@@ -84,12 +84,12 @@ func summary(r *Result) string {
 		st.Sections, st.SectionCancels[cancelClosed], st.SectionCancels[cancelLost], st.SectionCancels[cancelOther])
 	p("| stops that landed in a WithLock section; the longest a section worked on after Close cancelled it | %d; %s |",
 		st.StoppedInSection, ms(st.SectionTail))
-	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile | %d / %d / %d |",
-		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed)
+	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls, WAL flushes) | %d / %d / %d / %d |",
+		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed, st.LongTxsStarved)
 	p("| probes (TryAcquire on a %v ctx): ok / not acquired / gave up (ctx ended, link failed) | %d / %d / %d |",
 		probeTimeout(cfg.TTL), st.Probes[0], st.Probes[1], st.Probes[2])
-	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused | %d / %d / %d |",
-		st.Ghosts, st.GhostsExpired, st.GhostsExcused)
+	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for the machine (stalls, WAL flushes) | %d / %d / %d / %d |",
+		st.Ghosts, st.GhostsExpired, st.GhostsExcused, st.GhostsStarved)
 	if len(st.GhostTime) > 0 {
 		p("| ghost time (the key held by a ghost): p50 / p99 / max | %s / %s / %s |",
 			ms(percentile(st.GhostTime, 50)), ms(percentile(st.GhostTime, 99)), ms(slices.Max(st.GhostTime)))
@@ -126,6 +126,7 @@ func summary(r *Result) string {
 			ms(percentile(st.Lateness, 50)), ms(percentile(st.Lateness, 99)), ms(slices.Max(st.Lateness)))
 	}
 	p("| expired leases of paused holders (no signal possible) | %d |", st.PausedHolders)
+	p("| signals later than the slack while their worker did not run (stalls: the machine's doing) | %d |", st.LateStalled)
 	p("| longest a paused leader believed it led past its lease | %s |", ms(st.LeaderPausedExcess))
 	p("")
 	p("| handover (no holder, database clock) | n | p50 | p99 | max |")
@@ -149,6 +150,14 @@ func summary(r *Result) string {
 			if n := r.Violations[i] - len(ds); n > 0 {
 				p("- (%d) … and %d more", i, n)
 			}
+		}
+		p("")
+	}
+	if len(r.Excused) > 0 {
+		p("## Excused for the machine, with the evidence")
+		p("")
+		for _, e := range r.Excused {
+			p("- %s", e)
 		}
 		p("")
 	}
@@ -213,7 +222,8 @@ const method = `## How it works
    the lost event or the leader's ctx for the election's and the job's) or let the lock go (a Release call)
    no later than the expiry plus the slack; when the acquisition's reply arrived after the expiry (held back by a
    partition), no later than its return plus the slack. Paused holders are counted apart: no lease can tell them in
-   time, which is why fencing exists.
+   time, which is why fencing exists. So are signals later than the slack by no more than the time the worker's
+   stall watch shows it did not run, from the slack before the expiry to the signal: the machine's doing.
 4. No two leases of the election key overlap; OnLost only after an OnAcquired of the same token in the same
    process, at most once; and no two workers believe they lead (from OnAcquired to the cancellation of its ctx) at
    the same time for longer than the slack, a paused leader's belief being cut at its lease's expiry (counted).
@@ -225,10 +235,21 @@ const method = `## How it works
 7. While a worker keeps its fenced transaction open past the ttl, neither the transaction's lock nor the other lock
    it holds is lost (no lost event, no ctx cancelled with a ` + "`*LockLostError`" + `), unless a fault hit that worker or
    the server from a ttl before to its end (counted apart): a renewal must not wait on its own client's row lock.
+   Nor is it excused by the machine unless the evidence shows it: each worker records pglock's calls (when each
+   asked the pool for a connection, was sent and answered; the connections the pool opened), its renewals, and
+   its stalls (a timer due every 10 ms that ran 30 ms late or more: the process, or its scheduler, did not run);
+   the controller records its own stalls (it runs every worker's proxy) and samples the server for pglock
+   statements waiting on a lock, a lightweight lock or I/O. A loss is excused (counted apart) only when the worker
+   or the controller did not run, or the server kept the worker's renewals waiting for the WAL flush (the disk),
+   for half the time from the renewal's due time to the lock's deadline; never when its renewal waited on a row
+   lock. A renewal that waited for a pool connection is pglock's. Each violation says what the calls did.
 8. Every lease that no client learned it held (no acquired event, no successful probe: an acquisition whose ctx
    ended with its statement in flight) is handed back by its client rather than left to expire, unless its worker
-   died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could.
-   A slow link is no excuse. The ghost time is how long such a lease held its key.
+   died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could,
+   or the worker or the controller did not run, or the acquisition's commit waited for the WAL flush, for half of
+   the lease (counted apart: the hand-back follows the reply, which follows the commit). A slow link, and a hand-back
+   that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
+   time is how long such a lease held its key.
 
 Handover is the time a key had no holder: from a release to the next acquisition by a worker already waiting, and
 from a kill to the next acquisition of what the killed worker held (a lock's lease runs out its ttl first).

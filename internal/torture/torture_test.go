@@ -26,6 +26,7 @@ func TestMain(m *testing.M) {
 const (
 	durationEnv = "PGLOCK_TORTURE_DURATION" // e.g. 20s; the default is the issue's 60s
 	seedEnv     = "PGLOCK_TORTURE_SEED"     // the seed a failed run printed
+	dirEnv      = "PGLOCK_TORTURE_DIR"      // keep the histories in a new directory under it, for `torture check -dir`
 )
 
 // TestTorture is the CI version of the torture test: 3 worker processes for 60 s, every
@@ -85,6 +86,11 @@ func tortureConfig(t *testing.T, d time.Duration) Config {
 	}
 	cfg.DatabaseURL = pglocktest.PostgresURL(t)
 	cfg.Dir = t.TempDir()
+	if d := os.Getenv(dirEnv); d != "" {
+		cfg.Dir, err = os.MkdirTemp(d, "pglock-torture-")
+		require.NoError(t, err, dirEnv)
+		t.Logf("histories kept in %s", cfg.Dir)
+	}
 	cfg.Log = testLog{t}
 	cfg.Command = "go test ./internal/torture -run " + t.Name() + " (" + seedEnv + "=" + strconv.FormatUint(cfg.Seed, 10) + ")"
 	return cfg
@@ -533,4 +539,100 @@ func TestCheckerOneLeasePerTransaction(t *testing.T) {
 	r := check(twice(42))
 	require.False(t, r.Failed(), "%v", r.Details)
 	require.Positive(t, check(twice(0)).Violations[invOverlap], "without the transaction, the placeholder is a lease of its own")
+}
+
+// A lock lost under a fenced transaction, and a ghost left to expire, are excused only
+// when the evidence shows the machine kept pglock from acting in time: the worker or
+// the controller (the link) did not run, or the server's commit waited for the WAL
+// flush, for most of the time in which the renewal, or the hand-back, was due. A renewal that waited for a pool connection, or on a row lock,
+// is pglock's, stalls or not.
+func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
+	t.Parallel()
+	lostRenewals := func() *History { // the old-renewal case: both locks lost at their deadlines
+		h := paths(baseline())
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool {
+			return (l.Token == 20 || l.Token == 21) && (l.Owner == "" || l.At.After(at(6400)))
+		})
+		h.Records = append(h.Records,
+			Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "other/w2.1", Token: 20, Local: at(7233)},
+			Record{Worker: "w2.1", Type: typeEvent, F: fCtxLost, Key: "k1", Token: 21, Local: at(7243)})
+		return h
+	}
+	stall := func(w string, from, to int) Record {
+		return Record{Worker: w, Type: typeEvent, F: fStall, Start: at(from), Local: at(to)}
+	}
+
+	h := lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6400, 6700), stall("w2.1", 6710, 7300))
+	r := check(h)
+	require.False(t, r.Failed(), "the worker did not run when its renewals were due: %v", r.Details)
+	require.Equal(t, 1, r.Stats.LongTxsStarved)
+
+	h = lostRenewals()
+	h.Stalls = []Stall{{Due: at(6600), Ran: at(7300)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the controller, the link, did not run: %v", r.Details)
+
+	h = lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6700, 6800),
+		Record{Worker: "w2.1", Type: typeEvent, F: fRenewal, Start: at(6670), Local: at(7233), Err: "context deadline exceeded"},
+		Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: callPool, Pool: at(6670), Local: at(7233), Err: "context deadline exceeded"})
+	r = check(h)
+	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited for a connection: %v", r.Details)
+	require.Contains(t, r.Details[invRenew][0], "asked the pool for a connection at")
+
+	h = lostRenewals()
+	h.Records = append(h.Records, stall("w2.1", 6400, 7300))
+	h.Waits = []Wait{{At: at(6700), Worker: "w2.1", Type: "Lock", Event: "tuple", Query: "SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)",
+		BlockedBy: []string{"SELECT 1 FROM pglock.locks WHERE key = ANY($1) FOR SHARE"}}}
+	r = check(h)
+	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on the fenced row, stalls or not: %v", r.Details)
+	require.Contains(t, r.Details[invRenew][0], "waited on a row lock")
+
+	h = paths(baseline()) // the old-deadline case: the short lock's ctx cancelled 967 ms after its expiry
+	for i, r := range h.Records {
+		if r.F == fCtxLost && r.Token == 40 {
+			h.Records[i].Local = at(8300)
+		}
+	}
+	require.Equal(t, 1, check(h).Violations[invSignal])
+	h.Records = append(h.Records, stall("w1.1", 7300, 7800))
+	require.Equal(t, 1, check(h).Violations[invSignal], "stalls shorter than the lateness excuse nothing")
+	h.Records = append(h.Records, stall("w1.1", 7810, 8290))
+	r = check(h)
+	require.False(t, r.Failed(), "the worker did not run: %v", r.Details)
+	require.Equal(t, 1, r.Stats.LateStalled)
+
+	h = lostRenewals() // a loss before the transaction began is not the transaction's
+	for i, r := range h.Records {
+		if r.F == fLongTx && r.Type == typeInvoke {
+			h.Records[i].Local = at(7300)
+		}
+	}
+	require.False(t, check(h).Failed(), "lost before the transaction began")
+
+	ghost := func() *History { // the old-acquire case: the probe's grant left to expire
+		h := paths(baseline())
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
+		return h
+	}
+	h = ghost()
+	h.Records = append(h.Records, stall("w2.1", 7990, 8800))
+	r = check(h)
+	require.False(t, r.Failed(), "the worker did not run to hand back: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+
+	h = ghost()
+	h.Waits = []Wait{{At: at(8000), Worker: "w2.1", PID: 7, Type: "IO", Event: "WALSync", Query: "SELECT pglock.lock_acquire($1, $2, $3)", Since: at(7995)},
+		{At: at(8980), Worker: "w2.1", PID: 7, Type: "LWLock", Event: "WALWrite", Query: "SELECT pglock.lock_acquire($1, $2, $3)", Since: at(7995)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the acquisition's commit waited for the WAL flush past the expiry: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+
+	h = ghost()
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "lock_release_async", Key: "probe/w2.1", Owner: "w2.1/p",
+		Pool: at(8010), Start: at(9100), Local: at(9150)})
+	r = check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "a hand-back that waited for a connection: %v", r.Details)
+	require.Contains(t, r.Details[invGhost][0], "waited 1.09s for a connection")
 }

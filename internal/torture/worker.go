@@ -131,28 +131,39 @@ func runWorker(args []string) error {
 	cc.ConnectTimeout = 2 * time.Second
 	cc.RuntimeParams["application_name"] = appName(cfg.id)
 	pcfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-
 	h, err := openHistory(cfg.history, cfg.id)
 	if err != nil {
 		return err
+	}
+	cc.Tracer = &callTracer{h: h}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return errors.Join(err, h.close())
+	}
+	defer pool.Close()
+	stallCtx, stopStalls := context.WithCancel(context.Background())
+	stalls := make(chan struct{})
+	go func() {
+		defer close(stalls)
+		watchStalls(stallCtx, func(due, ran time.Time) { h.add(Record{Type: typeEvent, F: fStall, Start: due, Local: ran}) })
+	}()
+	closeHistory := func() error {
+		stopStalls()
+		<-stalls
+		return h.close()
 	}
 	w := &worker{cfg: cfg, pool: pool, h: h, rng: rand.New(rand.NewPCG(cfg.seed, 0x7047))}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	w.client, err = pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithInstanceName(cfg.id),
 		pglock.WithLogger(logger), pglock.WithEventHandler(w.event))
 	if err != nil {
-		return errors.Join(err, h.close())
+		return errors.Join(err, closeHistory())
 	}
 	h.add(Record{Type: typeEvent, F: fStart, Reason: "pid " + strconv.Itoa(os.Getpid())})
 
 	err = w.run(ctx)
 	h.add(Record{Type: typeEvent, F: fStop})
-	return errors.Join(err, h.close())
+	return errors.Join(err, closeHistory())
 }
 
 func appName(id string) string { return "pglock-torture/" + id }
@@ -217,6 +228,12 @@ func (w *worker) event(ev pglock.Event) {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
 		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: ev.Key, Owner: ev.Owner, Token: ev.Token,
 			Reason: string(ev.Reason), Local: ev.Time})
+	case pglock.EventRenewal:
+		r := Record{Type: typeEvent, F: fRenewal, Start: ev.Time.Add(-ev.Duration), Local: ev.Time}
+		if ev.Err != nil {
+			r.Err = ev.Err.Error()
+		}
+		w.h.add(r)
 	}
 }
 
@@ -468,10 +485,16 @@ func (w *worker) twoTTLs(ctx context.Context) {
 		if err != nil {
 			continue
 		}
+		// Watched from the start: it may be lost while the long one is being taken.
 		unwatchShort := func() bool { return false }
+		if w.cfg.mutate != mutOldDeadline {
+			unwatchShort = w.watch(short)
+		}
 		long, err := w.acquire(ctx, "long/"+w.cfg.id, pglock.TTL(2*w.cfg.ttl), pglock.Wait(3*w.cfg.ttl))
 		if err == nil {
-			unwatchShort = w.watchShort(short, long)
+			if w.cfg.mutate == mutOldDeadline {
+				unwatchShort = w.watchShort(short, long)
+			}
 			unwatchLong := w.watch(long)
 			sleep(ctx, between(rng, 2*w.cfg.ttl, 4*w.cfg.ttl))
 			w.release(long)
@@ -482,13 +505,10 @@ func (w *worker) twoTTLs(ctx context.Context) {
 	}
 }
 
-// watchShort watches the short lock of twoTTLs. Under the old-deadline mutation its
+// watchShort watches the short lock of twoTTLs under the old-deadline mutation: its
 // loss is recorded only once the long lock's ctx has ended too, as when the old
 // renewer's call for the long lock held up the short one's deadline.
 func (w *worker) watchShort(short, long *pglock.Lock) (stop func() bool) {
-	if w.cfg.mutate != mutOldDeadline {
-		return w.watch(short)
-	}
 	return context.AfterFunc(short.Context(), func() {
 		<-long.Context().Done()
 		w.lostCtx(short)
