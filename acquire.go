@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -187,33 +188,16 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 	sentAt := c.clock.Now()
 	marker, wakes, marking := w.marking()
-	// The call runs on a context of its own, detached from ctx: when ctx ends first,
-	// the caller returns at once and the call goes on in the background to its reply,
-	// which says whether the store granted the key; a grant is then handed back after
-	// it, on a connection that is still open (pgx closes the connection of a statement
-	// whose ctx ends, and a release through the pool may have to wait for a new one).
-	replies := make(chan acquireReply, 1)
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	go func() {
-		defer cancel()
-		var r acquireReply
+	r, abandoned := c.acquireCall(ctx, key, owner, ttl, func(ctx context.Context) (r acquireReply) {
 		if marking {
-			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(cctx, key, owner, ttl)
+			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(ctx, key, owner, ttl)
 		} else {
-			r.token, r.ok, r.err = c.store.Acquire(cctx, key, owner, ttl)
+			r.token, r.ok, r.err = c.store.Acquire(ctx, key, owner, ttl)
 		}
-		replies <- r
-	}()
-	var r acquireReply
-	select {
-	case r = <-replies:
-	case <-ctx.Done():
-		select {
-		case r = <-replies:
-		default:
-			c.undoAbandoned(key, owner, ttl, replies, cancel)
-			return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
-		}
+		return r
+	})
+	if abandoned {
+		return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
 	}
 	token, ok, err := r.token, r.ok, r.err
 	if r.wanted {
@@ -281,40 +265,56 @@ type acquireReply struct {
 	err        error
 }
 
-// undoAbandoned undoes what an acquisition of key may have been granted when its caller
-// gave up before the reply: in the background (Close waits for it), it waits for the
-// reply, storeTimeout at most, then cancels the call; a grant, or a call that failed
-// after it may have reached the server, is then undone (undoAcquire). The reply comes on
-// the call's own connection, which stays open: the release that follows finds it in the
-// pool rather than waiting for a new one.
-func (c *Client) undoAbandoned(key, owner string, ttl time.Duration, replies <-chan acquireReply, cancel context.CancelFunc) {
+// acquireCall makes an acquisition's store call on a context of its own, detached from
+// ctx. When ctx ends first, acquireCall returns at once with abandoned true, and the call
+// goes on to its reply, storeTimeout at most: a grant, or a failure after the call may
+// have reached the server, is then undone (undoAcquire), and Close waits for that. The
+// reply comes on the call's own connection, which stays open: pgx closes the connection
+// of a statement whose ctx ends, and the release would then wait for a new one, on a
+// loaded machine past the grant's expiry.
+func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Duration, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
+	if ctx.Done() == nil {
+		return call(ctx), false
+	}
 	h := c.handBacks
-	await := func() {
-		t := time.AfterFunc(storeTimeout, cancel)
-		defer t.Stop()
-		var r acquireReply
-		select {
-		case r = <-replies:
-		case <-h.ctx.Done(): // Close gave up waiting
-			cancel()
-			r = <-replies
+	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	replies := make(chan acquireReply, 1)
+	var (
+		taken atomic.Bool // by the first of: the reply for the caller, the caller giving up
+		stop  func()      // the abandoned call's bounds; set before the caller takes
+	)
+	go func() {
+		defer cancel()
+		r := call(cctx)
+		if taken.CompareAndSwap(false, true) {
+			replies <- r
+			return
 		}
+		stop()
 		if (r.err == nil && r.ok) || (r.err != nil && mayHaveReached(r.err)) {
 			c.undoAcquire(key, owner, ttl)
 		}
-	}
-	h.mu.Lock()
-	if h.closing {
-		h.mu.Unlock()
-		await() // Close is handing back already: wait here
-		return
-	}
-	h.awaiting.Add(1)
-	h.mu.Unlock()
-	go func() {
-		defer h.awaiting.Done()
-		await()
+		h.awaiting.Done()
 	}()
+	select {
+	case r = <-replies:
+		return r, false
+	case <-ctx.Done():
+	}
+	timeout := time.AfterFunc(storeTimeout, cancel)
+	if h.await() {
+		unclose := context.AfterFunc(h.ctx, cancel) // Close gave up waiting
+		stop = func() { timeout.Stop(); unclose() }
+		if taken.CompareAndSwap(false, true) {
+			return r, true
+		}
+		stop()
+		h.awaiting.Done()
+	}
+	// The reply is in, or Close is handing back already: wait for it here.
+	r = <-replies
+	timeout.Stop()
+	return r, false
 }
 
 // waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a

@@ -473,6 +473,18 @@ func (h *handBacks) first() (handBackID, *handBack) {
 	return id, first
 }
 
+// await counts an abandoned acquisition that Close must wait for, unless Close is
+// handing back already (false).
+func (h *handBacks) await() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closing {
+		return false
+	}
+	h.awaiting.Add(1)
+	return true
+}
+
 // close waits for the abandoned acquisitions' replies, then gives every pending
 // hand-back its last release and waits for the worker, or for ctx to end: then it
 // cancels the calls in flight, drops the rest and returns ctx's cause. Hand-backs that come later make their one release call in their caller.
