@@ -128,9 +128,9 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	elections := make([]*pglock.Election, 3)
 	logs := make([]logBuffer, 3)
 	events := make([]eventLog, 3)
-	// The first leader's lease outlives the test's every wait, so that another instance
-	// leading before the test ends can only be the hand-back, never its expiry; the
-	// others campaign every ttl/3 of a second.
+	// The first leader's lease outlives every wait of the test, so that another instance
+	// leading before the test ends can only be the hand-back, never the expiry, however
+	// slow the machine. The others, on a ttl of a second, campaign every ttl/3.
 	const leaderTTL = time.Minute
 	for i := range clients {
 		ttl := time.Second
