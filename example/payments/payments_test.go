@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	neturl "net/url"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,21 +190,62 @@ func TestConnectionKilledAfterTheChargeNextWorkerOnlyRecordsTheStatus(t *testing
 	}
 }
 
-// The difference: the application has a pool of two connections, the provider takes a
-// second, three workers process the payment and a page reads it meanwhile.
+// gatedProvider is a provider whose charges wait until the test opens the gate: the
+// provider call lasts exactly as long as the test needs, however slow the machine.
+type gatedProvider struct {
+	*payments.FakeProvider
+	calling chan struct{} // closed when the first Charge starts
+	gate    chan struct{} // closed by open: the charges go through
+	called  sync.Once
+	opened  sync.Once
+}
+
+func newGatedProvider(t *testing.T) *gatedProvider {
+	p := &gatedProvider{FakeProvider: &payments.FakeProvider{}, calling: make(chan struct{}), gate: make(chan struct{})}
+	t.Cleanup(p.open) // a failed test must not leave a worker waiting
+	return p
+}
+
+// Charge waits for the gate (or ctx), then charges.
+func (p *gatedProvider) Charge(ctx context.Context, idempotencyKey string, amount int64) (string, error) {
+	p.called.Do(func() { close(p.calling) })
+	select {
+	case <-p.gate:
+	case <-ctx.Done():
+		return "", context.Cause(ctx)
+	}
+	return p.FakeProvider.Charge(ctx, idempotencyKey, amount)
+}
+
+func (p *gatedProvider) open() { p.opened.Do(func() { close(p.gate) }) }
+
+// receive returns what ch gives, failing the test after 20 s.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s did not come within 20s", what)
+		panic("unreachable")
+	}
+}
+
+// The difference: the application has a pool of two connections, the provider call
+// is in progress (it lasts until the test ends it), three workers process the payment
+// and a page reads it meanwhile.
 func TestRowLockStarvesTheReaderAndALeaseDoesNot(t *testing.T) {
 	t.Parallel()
-	const delay = time.Second
 
 	t.Run("RowLock", func(t *testing.T) {
 		t.Parallel()
 		ctx := t.Context()
 		url, admin := newPayment(t, payments.StatusNew)
 		pool := workerPool(t, url, "app", 2)
-		provider := &payments.FakeProvider{Delay: delay}
+		provider := newGatedProvider(t)
 		w := versions[0].new(t, url, pool, provider)
 		first := process(ctx, w)
-		<-provider.Calling()
+		receive(t, provider.calling, "the first worker's provider call")
 		second, third := process(ctx, w), process(ctx, w)
 		// The first worker holds the row and a connection for the provider call; the
 		// second holds the other connection, waiting for the row.
@@ -214,30 +256,39 @@ func TestRowLockStarvesTheReaderAndALeaseDoesNot(t *testing.T) {
 			return err == nil && waiting == 1
 		}, 10*time.Second, 5*time.Millisecond)
 
-		// NOWAIT fails at once, SKIP LOCKED skips at once (each on a pool of its own).
+		// NOWAIT fails and SKIP LOCKED skips, each on a pool of its own, without waiting
+		// for the row: they return while the provider call, and so the row lock, lasts.
 		other := workerPool(t, url, "other", 2)
+		bounded, cancel := context.WithTimeout(ctx, 20*time.Second) // one that waited would wait for ever
+		defer cancel()
 		noWait, err := payments.NewRowLockWorker(other, provider, payments.RowLockNoWait)
 		require.NoError(t, err)
-		start := time.Now()
-		_, err = noWait.Process(ctx, paymentID)
+		_, err = noWait.Process(bounded, paymentID)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "55P03", pgErr.Code) // lock_not_available
 		skipLocked, err := payments.NewRowLockWorker(other, provider, payments.RowLockSkipLocked)
 		require.NoError(t, err)
-		out, err := skipLocked.Process(ctx, paymentID)
+		out, err := skipLocked.Process(bounded, paymentID)
 		require.NoError(t, err)
 		require.Equal(t, payments.Busy, out)
-		require.Less(t, time.Since(start), delay/2)
 
-		// The page waits for a connection until the provider call is over.
-		start = time.Now()
-		status, err := payments.ReadStatus(ctx, pool, paymentID)
-		waited := time.Since(start)
-		require.NoError(t, err)
-		require.Equal(t, payments.StatusPaid, status, "the reader got a connection only after the charge committed")
-		require.Greater(t, waited, delay/4)
-		t.Logf("row lock: the reader waited %v for a connection", waited.Round(time.Millisecond))
+		// The page gets no connection while the provider call lasts, however long it
+		// waits: both are held by the workers.
+		short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancelShort()
+		_, err = payments.ReadStatus(short, pool, paymentID)
+		require.ErrorIs(t, err, context.DeadlineExceeded, "the reader got a connection during the provider call")
+		// A page that waits reads once the charge is committed.
+		read := make(chan result, 1)
+		go func() {
+			status, err := payments.ReadStatus(ctx, pool, paymentID)
+			read <- result{payments.Outcome(status), err}
+		}()
+		provider.open()
+		r := receive(t, read, "the reader's status")
+		require.NoError(t, r.err)
+		require.Equal(t, payments.StatusPaid, string(r.outcome), "the reader got a connection only after the charge committed")
 
 		require.Equal(t, []payments.Outcome{payments.Charged, payments.Skipped, payments.Skipped}, outcomes(t, first, second, third))
 		require.Equal(t, 1, provider.Charges(paymentID))
@@ -248,23 +299,26 @@ func TestRowLockStarvesTheReaderAndALeaseDoesNot(t *testing.T) {
 		ctx := t.Context()
 		url, _ := newPayment(t, payments.StatusNew)
 		pool := workerPool(t, url, "app", 2)
-		provider := &payments.FakeProvider{Delay: delay}
+		provider := newGatedProvider(t)
 		locks, err := pglock.New(pool, pglock.WithLogger(slog.New(slog.DiscardHandler))) // the same two connections
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, locks.Close(context.Background())) })
 		w, err := payments.NewLeaseWorker(pool, locks, provider, 10*time.Second)
 		require.NoError(t, err)
 		first := process(ctx, w)
-		<-provider.Calling()
+		receive(t, provider.calling, "the first worker's provider call")
 		second, third := process(ctx, w), process(ctx, w)
 
+		// The provider call lasts until the read returns: a reader that had to wait for
+		// it would never return, and would read "paid".
+		bounded, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
 		start := time.Now()
-		status, err := payments.ReadStatus(ctx, pool, paymentID)
-		waited := time.Since(start)
-		require.NoError(t, err)
+		status, err := payments.ReadStatus(bounded, pool, paymentID)
+		require.NoError(t, err, "the reader waited for the provider call")
 		require.Equal(t, payments.StatusNew, status, "the reader read during the provider call")
-		require.Less(t, waited, delay/4)
-		t.Logf("lease: the reader waited %v", waited.Round(time.Millisecond))
+		t.Logf("lease: the reader waited %v", time.Since(start).Round(time.Millisecond))
+		provider.open()
 
 		require.Equal(t, []payments.Outcome{payments.Charged, payments.Skipped, payments.Skipped}, outcomes(t, first, second, third))
 		require.Equal(t, 1, provider.Charges(paymentID))

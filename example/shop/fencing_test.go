@@ -25,13 +25,14 @@ type paused struct {
 // ttl of 1 s, and runs runA on it: A reads the shelves (salmon kibble: 12) and its count
 // is held there, as if A paused. Three bags are sold; 1.2 s later A's locks have
 // expired in the database, and B, on the real clock, runs the reconciliation and
-// writes 9.
+// writes 9. B has the default ttl: with a ttl of 1 s, a loaded machine could make its
+// run skip (the store's confirmation came after 0.9 s) or lose its lock.
 func pauseAWhileBTakesOver(t *testing.T, runA func(ctx context.Context, w *world, a *instance) error) *paused {
 	t.Helper()
 	p := &paused{w: newWorld(t), clockA: pglocktest.NewManualClock(time.Now()), result: make(chan error, 1)}
 	a := p.w.start(t, "a", pglock.WithClock(p.clockA), pglock.TTL(time.Second))
 	t.Cleanup(func() { p.clockA.Advance(time.Second) }) // before A's Close: it finds its locks lost
-	b := p.w.start(t, "b", pglock.TTL(time.Second))
+	b := p.w.start(t, "b")
 
 	p.hold = p.w.warehouse.Hold(1)
 	t.Cleanup(p.hold.Release)
