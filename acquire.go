@@ -348,16 +348,7 @@ func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, f
 // clients, a free key waits startingPollEvery/n on average. The listener's coming up
 // wakes it.
 func startingPoll(ctx context.Context, pause time.Duration, wake <-chan struct{}) error {
-	t := time.NewTimer(min(pause, jitter(startingPollEvery)))
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return wakeOrAfter(ctx, min(pause, jitter(startingPollEvery)), wake)
 }
 
 // startingPollEvery is the longest pause of startingPoll.
@@ -374,7 +365,13 @@ const startingPollEvery = 40 * time.Millisecond
 // not spin, and a test's stopped clock must not park a waiter whose key is free.
 func freeAgain(ctx context.Context, times *int, limit time.Duration, wake <-chan struct{}) error {
 	defer func() { *times++ }()
-	t := time.NewTimer(min(time.Millisecond<<min(*times, 20), limit))
+	return wakeOrAfter(ctx, min(time.Millisecond<<min(*times, 20), limit), wake)
+}
+
+// wakeOrAfter waits for wake or d on the real clock, or until ctx ends (returning its
+// cause).
+func wakeOrAfter(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
