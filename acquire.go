@@ -19,9 +19,10 @@ import (
 // TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
 // background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
 // live holder has the key (or when the store's confirmation came back only after the
-// lock's ttl, so late that the lock cannot be trusted; it is handed back), ErrInvalidKey or ErrInvalidArgument for bad input,
-// ErrClosed after Close, or the store's error. ctx bounds the store call only; the
-// lock's own lifetime is Lock.Context.
+// lock's ttl, so late that the lock cannot be trusted; it is handed back),
+// ErrInvalidKey or ErrInvalidArgument for bad input, ErrClosed after Close, or the
+// store's error. ctx bounds the store call only; the lock's own lifetime is
+// Lock.Context.
 //
 // When the call fails after it may have reached the server (ctx ended with the
 // statement in flight, the link broke), the client releases in the background what the
@@ -48,12 +49,12 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 
 // Acquire takes key, waiting while it is held: it retries with exponential backoff and
 // jitter (polling at least every quarter of its ttl, so that a lock whose holder died
-// is taken soon after it expires) until the key is free, until Wait(d) has passed on the client's clock (Wait(0)
-// is one attempt), or until ctx ends. With a listener (a client of New, see
-// WithoutListener), the key's release wakes it at once. Close ends the wait with
-// ErrClosed. A key that stays held returns an error matching ErrNotAcquired; so does
-// ctx's end, during a pause or an attempt, and the error matches ctx's cause too.
-// Other errors are TryAcquire's.
+// is taken soon after it expires) until the key is free, until Wait(d) has passed on
+// the client's clock (Wait(0) is one attempt), or until ctx ends. With a listener (a
+// client of New, see WithoutListener), the key's release wakes it at once. Close ends
+// the wait with ErrClosed. A key that stays held returns an error matching
+// ErrNotAcquired; so does ctx's end, during a pause or an attempt, and the error
+// matches ctx's cause too. Other errors are TryAcquire's.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
@@ -89,7 +90,7 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	free := 0 // how many times in a row the key looked free
 	// Behind waiters of this client, leave the attempts to the first in line and wait
 	// for a turn; a waiter woken only to mark the key (takeBaton) tries only if the key
-	// is free. See listener. Wait(0) is one attempt: it makes it, queue or not.
+	// is free. See waitqueue.go. Wait(0) is one attempt: it makes it, queue or not.
 	queued := (!lc.waitSet || lc.wait > 0) && w.join()
 	var err error // the last attempt's, nil until one is made
 	for {
@@ -178,7 +179,8 @@ func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock,
 // tryFrom is try for a call that began at start: EventAcquired's Wait counts from it.
 // w is the caller's waiter, nil for a single attempt: once it listens (see
 // waiter.marking), an attempt that finds the key held marks it wanted in the same call.
-func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time, w *waiter) (*Lock, error) {
+func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time,
+	w *waiter) (*Lock, error) {
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
@@ -222,7 +224,8 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
 		c.undoAcquire(key, owner, ttl)
-		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl", ErrNotAcquired, key)
+		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl",
+			ErrNotAcquired, key)
 	}
 	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
 	l.entry.Lost = l.lose
@@ -236,7 +239,8 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 		return nil, ErrClosed
 	}
 	c.held[l] = struct{}{}
-	c.renewer.Add(&l.entry, sentAt) // before Close can see the lock held (lock order: c.mu, then the renewer's)
+	// Before Close can see the lock held (lock order: c.mu, then the renewer's).
+	c.renewer.Add(&l.entry, sentAt)
 	c.mu.Unlock()
 	c.renewals.warm()
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
@@ -254,8 +258,8 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 func mayHaveReached(err error) bool {
 	var connect *pgconn.ConnectError
 	var op *net.OpError
-	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) && !pgconn.SafeToRetry(err) &&
-		!errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
+	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) &&
+		!pgconn.SafeToRetry(err) && !errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
 }
 
 // acquireReply is the reply to an acquisition's store call.
@@ -272,7 +276,8 @@ type acquireReply struct {
 // reply comes on the call's own connection, which stays open: pgx closes the connection
 // of a statement whose ctx ends, and the release would then wait for a new one, on a
 // loaded machine past the grant's expiry.
-func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Duration, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
+func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Duration,
+	call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
 	if ctx.Done() == nil {
 		return call(ctx), false
 	}
@@ -315,92 +320,6 @@ func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Du
 	r = <-replies
 	timeout.Stop()
 	return r, false
-}
-
-// waitTurn is a waiter's pause after a failed attempt on its key (Acquire, a
-// campaigning election). Behind another of this client's waiters, who tries and marks
-// the key, it only waits for its turn. Otherwise it marks the key wanted, then waits up
-// to pause for the release that wakes it; a key that looked free is tried again at once
-// (freeAgain), and so is a key that no release can wake it for yet (startingPoll). free
-// counts the times in a row the key looked free. It returns ctx's cause when ctx ends
-// first.
-func (c *Client) waitTurn(ctx context.Context, w *waiter, pause time.Duration, free *int) error {
-	if w.behind() {
-		*free = 0
-		return c.sleepOrWake(ctx, pause, w.woken())
-	}
-	if !w.want(ctx) {
-		return freeAgain(ctx, free, pause, w.woken())
-	}
-	*free = 0
-	if w.l.isStarting() {
-		return startingPoll(ctx, pause, w.woken())
-	}
-	return c.sleepOrWake(ctx, pause, w.woken())
-}
-
-// startingPoll is the pause of a waiter whose listener's first connection is under way,
-// at the start of a crowd: no release can wake it until the listener is up, which takes
-// a second or more on a loaded machine, while the backoff grows towards a second; and
-// the waiters that lose leave nothing marked, so a key released meanwhile stays free
-// until someone tries. So it tries every startingPollEvery at most (jittered), on the real
-// clock as freeAgain does, one waiter per client (the head of its queue): with n
-// clients, a free key waits startingPollEvery/n on average. The listener's coming up
-// wakes it.
-func startingPoll(ctx context.Context, pause time.Duration, wake <-chan struct{}) error {
-	return wakeOrAfter(ctx, min(pause, jitter(startingPollEvery)), wake)
-}
-
-// startingPollEvery is the longest pause of startingPoll.
-const startingPollEvery = 40 * time.Millisecond
-
-// freeAgain is a waiter's step when marking its key found it free (released in
-// between): try again soon, not after the pause. Not at once: the release that freed
-// the key notifies when anyone marked the key while it was held, and in a crowd every
-// client's first waiter is then woken and tries anyway, so an attempt of its own now
-// would be a second one for the same release. So it waits for that wake, or 1 ms at
-// most when none comes (no one marked the key). A key can look free and still refuse
-// the acquisition (an expired row that a fenced transaction keeps locked), so each
-// further time in a row waits twice as long, up to limit, on the real clock: it must
-// not spin, and a test's stopped clock must not park a waiter whose key is free.
-func freeAgain(ctx context.Context, times *int, limit time.Duration, wake <-chan struct{}) error {
-	defer func() { *times++ }()
-	return wakeOrAfter(ctx, min(time.Millisecond<<min(*times, 20), limit), wake)
-}
-
-// wakeOrAfter waits for wake or d on the real clock, or until ctx ends (returning its
-// cause).
-func wakeOrAfter(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
-// sleep waits d on the client's clock, or until ctx ends (returning its cause).
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	return c.sleepOrWake(ctx, d, nil)
-}
-
-// sleepOrWake is sleep that also returns, with nil, when wake fires (nil never does).
-func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	done := make(chan struct{})
-	t := c.clock.AfterFunc(d, func() { close(done) })
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 // jitter returns a duration between d/2 and d, so that callers that failed together

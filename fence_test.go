@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/internal/devdb"
 )
 
 // fenceCol is the fence column of the scratch schema's products table, quoted.

@@ -46,11 +46,11 @@ type Job struct {
 // the runs in progress (their ctx's cause is ErrClosed) and waits for them to return
 // (bounded by its ctx), then hands the lease back, so that the next tick on another
 // instance runs at once rather than after the ttl; when its ctx ends first, the lease
-// is left to expire instead. A lease whose last
-// run started less than a second before, on the client's clock, is kept for the rest of
-// that second, so that instances firing the same tick a few milliseconds later skip it
-// rather than run it again. An app shuts down in this order: the scheduler's Shutdown
-// (no more ticks, running ones finish), then Client.Close, then the pool's Close.
+// is left to expire instead. A lease whose last run started less than a second before,
+// on the client's clock, is kept for the rest of that second, so that instances firing
+// the same tick a few milliseconds later skip it rather than run it again. An app shuts
+// down in this order: the scheduler's Shutdown (no more ticks, running ones finish),
+// then Client.Close, then the pool's Close.
 func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Option) (*Job, error) {
 	if err := checkJobKey(key); err != nil {
 		return nil, err

@@ -21,7 +21,7 @@ type LeaderCallbacks struct {
 	// running on ctx, or run until ctx ends: either way this instance leads until the
 	// lease is lost or it steps down. Returning an error, or panicking, steps down (the
 	// lease is handed back), and the instance campaigns again after ttl/3. It must
-	// return once ctx ends: OnLost, the hand-back of the lease and Close wait for it.
+	// return once ctx ends: OnLost, the lease's release and Close wait for it.
 	// Required.
 	OnAcquired func(ctx context.Context, lock *Lock) error
 	// OnLost is called when this instance stops leading: its lease was lost, it

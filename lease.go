@@ -17,7 +17,7 @@ type lease struct {
 	job    string // what ticks under it, for logs and events
 	key    string // the lease's own key
 	ttl    time.Duration
-	taking chan struct{} // one hold at a time: ticks that come together wait for a take rather than lose to it
+	taking chan struct{} // one hold at a time: concurrent ticks wait for a take, not lose to it
 
 	mu    sync.Mutex
 	lock  *Lock     // nil until taken; not Held once lost
@@ -61,8 +61,8 @@ func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	s.mu.Lock()
 	s.lock = l
 	s.mu.Unlock()
-	s.c.logger.Info("pglock: job runs on this instance", slog.String("key", s.job), slog.String("lease", s.key),
-		slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
+	s.c.logger.Info("pglock: job runs on this instance", slog.String("key", s.job),
+		slog.String("lease", s.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
 	return l, nil
 }
 
@@ -101,51 +101,6 @@ func (s *lease) releaseAtClose(ctx context.Context) error {
 	s.c.logger.Info("pglock: job lease handed back", slog.String("key", s.job), slog.String("lease", s.key),
 		slog.Int64("token", l.Token()))
 	return nil
-}
-
-// runs counts the runs in progress of a job or a gocron locker, so that Close can
-// refuse new ones and wait for the others. Its zero value, with c set, is ready.
-type runs struct {
-	c *Client
-
-	mu      sync.Mutex
-	closing bool
-	n       int
-	idle    chan struct{} // made by wait; closed once closing and no run is left
-}
-
-// start counts a run in, or returns ErrClosed once the client's Close has begun.
-func (r *runs) start() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closing || r.c.isClosed() {
-		return ErrClosed
-	}
-	r.n++
-	return nil
-}
-
-// end counts a run out.
-func (r *runs) end() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n--; r.closing && r.n == 0 {
-		close(r.idle)
-	}
-}
-
-// wait refuses new runs and waits for those in progress, or for ctx to end (returning
-// its cause). It is called once, by Close.
-func (r *runs) wait(ctx context.Context) error {
-	r.mu.Lock()
-	r.closing = true
-	r.idle = make(chan struct{})
-	if r.n == 0 {
-		close(r.idle)
-	}
-	idle := r.idle
-	r.mu.Unlock()
-	return waitDone(ctx, idle)
 }
 
 // shutdown is the Close step of a job, a gocron locker or a gocron elector: it waits for

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/internal/devdb"
 	"github.com/pgfence/pglock/pglocktest"
 )
 

@@ -13,7 +13,8 @@ import (
 )
 
 // storeTimeout bounds the store calls a Client makes on a context detached from its
-// caller's cancellation: releases, and the hand-back of leases at Close.
+// caller's cancellation: releases (a lease's at Close too), the hand-backs of failed
+// acquisitions, the run history's writes, Health's probes.
 const storeTimeout = 5 * time.Second
 
 // Client takes, renews and releases locks for one instance of an application. Create
@@ -487,7 +488,8 @@ func (h *handBacks) await() bool {
 
 // close waits for the abandoned acquisitions' replies, then gives every pending
 // hand-back its last release and waits for the worker, or for ctx to end: then it
-// cancels the calls in flight, drops the rest and returns ctx's cause. Hand-backs that come later make their one release call in their caller.
+// cancels the calls in flight, drops the rest and returns ctx's cause. Hand-backs that
+// come later make their one release call in their caller.
 func (h *handBacks) close(ctx context.Context) error {
 	h.mu.Lock()
 	h.closing = true

@@ -40,7 +40,7 @@ var readmeImports = map[string]string{
 	"log":           "log",
 	"os":            "os",
 	"pglock":        "github.com/pgfence/pglock",
-	"pglockmetrics": "github.com/pgfence/pglock/metrics",
+	"pglockmetrics": "github.com/pgfence/pglock/pglockmetrics",
 	"pglocktest":    "github.com/pgfence/pglock/pglocktest",
 	"pgx":           "github.com/jackc/pgx/v5",
 	"pgxpool":       "github.com/jackc/pgx/v5/pgxpool",

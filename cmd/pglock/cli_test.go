@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/internal/devdb"
 	"github.com/pgfence/pglock/pglocktest"
 )
 

@@ -2,7 +2,7 @@
 // contend for a lock, one waits for the other's release, and a paused instance loses
 // its lock to the other and has its late write refused by the fencing token.
 //
-// It finds a PostgreSQL server with example/devdb (DATABASE_URL, else the libpq
+// It finds a PostgreSQL server with internal/devdb (DATABASE_URL, else the libpq
 // defaults, else an embedded PostgreSQL), works in a database of its own
 // (pglock_quickstart, created if missing), and migrates the pglock schema there.
 package main
@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/internal/devdb"
 )
 
 const database = "pglock_quickstart"

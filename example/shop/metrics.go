@@ -11,7 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/pgfence/pglock"
-	pglockmetrics "github.com/pgfence/pglock/metrics"
+	"github.com/pgfence/pglock/pglockmetrics"
 )
 
 // Metrics is one instance's telemetry: pglock's metrics (package pglockmetrics), on an

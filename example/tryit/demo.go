@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
 	"github.com/pgfence/pglock/example/shop"
+	"github.com/pgfence/pglock/internal/devdb"
 )
 
 // adminToken is the demo instances' admin token.

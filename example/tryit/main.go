@@ -22,7 +22,7 @@
 // pids, and the commands for the tutorial's steps by hand (the locks table, two
 // exports, kill -9 the one that runs both, psql), and keeps them running until Ctrl+C.
 //
-// It finds PostgreSQL with example/devdb (DATABASE_URL, else the libpq defaults if a
+// It finds PostgreSQL with internal/devdb (DATABASE_URL, else the libpq defaults if a
 // server answers, else an embedded PostgreSQL; offline, PGLOCK_POSTGRES_BINARIES names
 // local binaries), and works in a database of its own there, pglock_shop_demo, created
 // if missing, whose URL it gives the instances in DATABASE_URL: it resets the shop's

@@ -57,7 +57,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
+	"github.com/pgfence/pglock/internal/devdb"
 )
 
 // serverEnv names the server the run creates its database on, as for the tests.

@@ -16,7 +16,7 @@
 //	-ttl                        LOCK_TTL                   the locks' ttl (30s)
 //	-log-level                  LOG_LEVEL                  debug shows the skipped ticks (info)
 //
-// Without a database URL it finds a server as example/devdb does: the one the libpq
+// Without a database URL it finds a server as internal/devdb does: the one the libpq
 // defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if one answers, else an
 // embedded PostgreSQL it starts (downloaded once; offline, point
 // PGLOCK_POSTGRES_BINARIES at a directory with PostgreSQL's bin/, lib/ and share/), and
@@ -49,8 +49,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/example/devdb"
 	"github.com/pgfence/pglock/example/shop"
+	"github.com/pgfence/pglock/internal/devdb"
 )
 
 // ownDatabase is the database the shop works in when no URL names one.

@@ -1,5 +1,6 @@
-// Package devdb is how pglock's examples find a PostgreSQL on a laptop, so that
-// `go run ./example/tryit` works on a fresh machine:
+// Package devdb is how pglock's examples, its test kit (pglocktest) and its own tests
+// find a PostgreSQL on a laptop, so that `go run ./example/tryit` and `go test ./...`
+// work on a fresh machine:
 //
 //  1. the URL in an environment variable (DATABASE_URL for the examples), when set;
 //  2. else the server the libpq defaults reach (PGHOST, PGPORT, PGUSER, PGPASSWORD,
@@ -7,9 +8,9 @@
 //  3. else an embedded PostgreSQL started for the process, its binaries downloaded
 //     once into the user's cache directory (offline, BinariesEnv names local ones).
 //
-// Then EnsureDatabase gives a program a database of its own on that server. pglock's
-// test kit (pglocktest) finds its server the same way.
+// Then EnsureDatabase gives a program a database of its own on that server.
 //
+// It is internal, not an example, because pglocktest, a public package, depends on it.
 // It is for development only. A deployed program is given its URL (pgxpool.New with
 // DATABASE_URL) and never starts a server: copy the examples without this package.
 package devdb

@@ -48,8 +48,9 @@ import (
 	"github.com/pgfence/pglock"
 )
 
-// ScopeName is the name of the meter the instruments belong to.
-const ScopeName = "github.com/pgfence/pglock/metrics"
+// ScopeName is the name of the meter the instruments belong to: the package's import
+// path, as OpenTelemetry's instrumentation packages name theirs.
+const ScopeName = "github.com/pgfence/pglock/pglockmetrics"
 
 // Acquisition outcomes: the values of the outcome attribute of pglock.acquisitions and
 // pglock.acquire.wait.

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pglock"
-	pglockmetrics "github.com/pgfence/pglock/metrics"
+	"github.com/pgfence/pglock/pglockmetrics"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
