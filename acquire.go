@@ -33,9 +33,9 @@ import (
 // ttl); a failed release call pauses them all, doubling up to 2 s, so an unreachable
 // database sees about one connection attempt every 2 s from them. Close gives each one
 // last release, stops at the first failed call, and waits, bounded by its ctx.
-func (c *Client) TryAcquire(ctx context.Context, key string, opts ...LockOption) (*Lock, error) {
+func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
-	lc, err := lockSettings(c, key, "TryAcquire", opts, LockOption.lockOption)
+	lc, err := lockSettings(c, key, "TryAcquire", opts, Option.everyOption)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}

@@ -49,7 +49,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := c.TryAcquire(t.Context(), tc.key, optionsOf[pglock.LockOption](tc.opts)...)
+			_, err := c.TryAcquire(t.Context(), tc.key, tc.opts...)
 			require.ErrorIs(t, err, tc.want)
 			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
 			_, err = c.Acquire(t.Context(), tc.key, optionsOf[pglock.AcquireOption](tc.opts)...)
@@ -75,7 +75,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	t.Run("NilOptionNamesTheCall", func(t *testing.T) {
 		_, err := c.TryAcquire(t.Context(), "k", nil)
 		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-		require.ErrorContains(t, err, "pglock: invalid argument: TryAcquire: a nil LockOption")
+		require.ErrorContains(t, err, "pglock: invalid argument: TryAcquire: a nil Option")
 		_, err = c.Acquire(t.Context(), "k", pglock.TTL(time.Second), nil)
 		require.ErrorContains(t, err, "pglock: invalid argument: Acquire: a nil AcquireOption")
 	})
@@ -474,7 +474,7 @@ func TestOneHolderAtATimeUnderRace(t *testing.T) {
 	require.EqualValues(t, instances*4*rounds, runs.Load())
 }
 
-// optionsOf returns opts as options of one call (O: pglock.LockOption, for one), nil
+// optionsOf returns opts as options of one call (O: pglock.AcquireOption, for one), nil
 // staying nil; every Option is one.
 func optionsOf[O any](opts []pglock.Option) []O {
 	out := make([]O, len(opts))

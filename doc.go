@@ -18,10 +18,10 @@
 //
 // Each kind of call has its own option type, as gocron's SchedulerOption and JobOption
 // or grpc's DialOption and CallOption do: New and NewWithStore take ClientOptions,
-// TryAcquire and GocronLocker LockOptions, Acquire and WithLock AcquireOptions,
-// Client.Job JobOptions, Elect and GocronElector ElectOptions. So an option given to a
-// call it does not fit (OnOneInstance to TryAcquire) does not compile. TTL fits every
-// call: it is an Option, which is all five. A value out of range, or a nil option, makes
+// Acquire and WithLock AcquireOptions, Client.Job JobOptions. TTL fits every call: it
+// is an Option, which is all three, and the calls that take nothing else (TryAcquire,
+// Elect, GocronElector, GocronLocker) take Options. So an option given to a call it
+// does not fit (OnOneInstance to TryAcquire) does not compile. A value out of range, or a nil option, makes
 // the call return an error wrapping ErrInvalidArgument that names the call and the
 // option, and the call then does nothing.
 //

@@ -52,8 +52,8 @@ func GocronOptions(name string) []gocron.JobOption {
 //
 // key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
 // ErrInvalidArgument (a bad option, a taken key) or ErrClosed.
-func (c *Client) GocronElector(key string, opts ...ElectOption) (*GocronElector, error) {
-	lc, err := lockSettings(c, key, "GocronElector", opts, ElectOption.electOption)
+func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, error) {
+	lc, err := lockSettings(c, key, "GocronElector", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}
@@ -197,9 +197,9 @@ func (e *GocronElector) leaveToExpire() {
 // of the second after its last run started. opts may set the leases' TTL.
 // GocronLocker returns an error matching ErrInvalidArgument for a bad option,
 // or ErrClosed. The locker is safe for concurrent use.
-func (c *Client) GocronLocker(opts ...LockOption) (gocron.Locker, error) {
+func (c *Client) GocronLocker(opts ...Option) (gocron.Locker, error) {
 	lc := settings{ttl: c.ttl}
-	err := applyOptions(&lc, "GocronLocker", opts, LockOption.lockOption)
+	err := applyOptions(&lc, "GocronLocker", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}

@@ -64,8 +64,8 @@ type Election struct {
 // error wrapping ErrInvalidKey for a bad key, ErrInvalidArgument for a nil OnAcquired,
 // a bad option or a key already registered on this client, and ErrClosed after
 // Close; it then starts nothing. It is safe for concurrent use.
-func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...ElectOption) (*Election, error) {
-	cfg, err := lockSettings(c, key, "Elect", opts, ElectOption.electOption)
+func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Election, error) {
+	cfg, err := lockSettings(c, key, "Elect", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}

@@ -510,7 +510,7 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 		client *pglock.Client
 		key    string
 		leader pglock.LeaderCallbacks
-		opts   []pglock.ElectOption
+		opts   []pglock.Option
 		want   error
 	}{
 		{"EmptyKey", c, "", valid, nil, pglock.ErrInvalidKey},
@@ -518,10 +518,10 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 		{"InvalidUTF8", c, "inv\xffalid", valid, nil, pglock.ErrInvalidKey},
 		{"NULByte", c, "nul\x00key", valid, nil, pglock.ErrInvalidKey},
 		{"NilOnAcquired", c, "free", pglock.LeaderCallbacks{OnLost: func(*pglock.Lock) {}}, nil, pglock.ErrInvalidArgument},
-		{"TTLUnder1ms", c, "free", valid, []pglock.ElectOption{pglock.TTL(time.Microsecond)}, pglock.ErrInvalidArgument},
-		{"NegativeTTL", c, "free", valid, []pglock.ElectOption{pglock.TTL(-time.Second)}, pglock.ErrInvalidArgument},
-		{"TTLOverOneYear", c, "free", valid, []pglock.ElectOption{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, pglock.ErrInvalidArgument},
-		{"NilOption", c, "free", valid, []pglock.ElectOption{nil}, pglock.ErrInvalidArgument},
+		{"TTLUnder1ms", c, "free", valid, []pglock.Option{pglock.TTL(time.Microsecond)}, pglock.ErrInvalidArgument},
+		{"NegativeTTL", c, "free", valid, []pglock.Option{pglock.TTL(-time.Second)}, pglock.ErrInvalidArgument},
+		{"TTLOverOneYear", c, "free", valid, []pglock.Option{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, pglock.ErrInvalidArgument},
+		{"NilOption", c, "free", valid, []pglock.Option{nil}, pglock.ErrInvalidArgument},
 		{"KeyOfAnotherElection", c, "taken", valid, nil, pglock.ErrInvalidArgument},
 		{"AfterClose", closed, "free", valid, nil, pglock.ErrClosed},
 	}

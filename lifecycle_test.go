@@ -485,7 +485,7 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 // trust, and handed it back. Acquire then waits for that hand-back and tries again.
 func tryAcquireFree(t *testing.T, c *pglock.Client, key string, opts ...pglock.Option) *pglock.Lock {
 	t.Helper()
-	l, err := c.TryAcquire(t.Context(), key, optionsOf[pglock.LockOption](opts)...)
+	l, err := c.TryAcquire(t.Context(), key, opts...)
 	if errors.Is(err, pglock.ErrNotAcquired) {
 		t.Logf("the free key %q was refused: %v", key, err)
 		l, err = c.Acquire(t.Context(), key, append(optionsOf[pglock.AcquireOption](opts), pglock.Wait(20*time.Second))...)

@@ -33,9 +33,6 @@ const (
 // WithListenerConnString, RunHistory and TTL.
 type ClientOption interface{ clientOption() option }
 
-// LockOption configures TryAcquire and GocronLocker. The one LockOption is TTL.
-type LockOption interface{ lockOption() option }
-
 // AcquireOption configures Acquire and WithLock. The AcquireOptions are TTL and Wait.
 type AcquireOption interface{ acquireOption() option }
 
@@ -43,17 +40,14 @@ type AcquireOption interface{ acquireOption() option }
 // and TTL.
 type JobOption interface{ jobOption() option }
 
-// ElectOption configures Elect and GocronElector. The one ElectOption is TTL.
-type ElectOption interface{ electOption() option }
-
-// Option is an option every call takes: a ClientOption, a LockOption, an
-// AcquireOption, a JobOption and an ElectOption. The one Option is TTL.
+// Option is an option that every call takes: a ClientOption, an AcquireOption and a
+// JobOption. The one Option is TTL. TryAcquire, Elect and the gocron adapters take
+// Options, so that nothing but TTL fits them.
 type Option interface {
 	ClientOption
-	LockOption
 	AcquireOption
 	JobOption
-	ElectOption
+	everyOption() option
 }
 
 // option is what every option is: its name, for errors, and what it sets.
@@ -74,10 +68,9 @@ func (o clientOpt) clientOption() option   { return option(o) }
 func (o acquireOpt) acquireOption() option { return option(o) }
 func (o jobOpt) jobOption() option         { return option(o) }
 func (o everyOpt) clientOption() option    { return option(o) }
-func (o everyOpt) lockOption() option      { return option(o) }
 func (o everyOpt) acquireOption() option   { return option(o) }
 func (o everyOpt) jobOption() option       { return option(o) }
-func (o everyOpt) electOption() option     { return option(o) }
+func (o everyOpt) everyOption() option     { return option(o) }
 
 // settings is what the options set, for every kind of call; each call reads its part.
 type settings struct {

@@ -21,9 +21,9 @@ var misplacedOptions = []struct {
 	name, code, option, want string
 }{
 	{"OnOneInstanceToTryAcquire", `c.TryAcquire(ctx, "k", pglock.OnOneInstance())`,
-		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.LockOption"},
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.Option"},
 	{"WaitToTryAcquire", `c.TryAcquire(ctx, "k", pglock.Wait(d))`,
-		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.LockOption"},
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
 	{"WithLoggerToAcquire", `c.Acquire(ctx, "k", pglock.WithLogger(logger))`,
 		"pglock.WithLogger(logger)", "pglock.ClientOption does not implement pglock.AcquireOption"},
 	{"OnOneInstanceToAcquire", `c.Acquire(ctx, "k", pglock.OnOneInstance())`,
@@ -37,21 +37,21 @@ var misplacedOptions = []struct {
 	{"RunHistoryToJob", `c.Job("k", fn, pglock.OnOneInstance(), pglock.RunHistory(d))`,
 		"pglock.RunHistory(d)", "pglock.ClientOption does not implement pglock.JobOption"},
 	{"OnOneInstanceToElect", `c.Elect("k", leader, pglock.OnOneInstance())`,
-		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.ElectOption"},
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.Option"},
 	{"WaitToElect", `c.Elect("k", leader, pglock.Wait(d))`,
-		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.ElectOption"},
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
 	{"WaitToNew", `pglock.New(pool, pglock.Wait(d))`,
 		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.ClientOption"},
 	{"OnOneInstanceToNewWithStore", `pglock.NewWithStore(store, pglock.OnOneInstance())`,
 		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.ClientOption"},
 	{"WaitToGocronElector", `c.GocronElector("k", pglock.Wait(d))`,
-		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.ElectOption"},
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
 	{"WaitToGocronLocker", `c.GocronLocker(pglock.Wait(d))`,
-		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.LockOption"},
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
 	{"ClientOptionInAnOptionSlice", `_ = []pglock.Option{pglock.TTL(d), pglock.WithLogger(logger)}`,
 		"pglock.WithLogger(logger)", "pglock.ClientOption does not implement pglock.Option"},
 	{"AnOptionOfOurOwn", `c.TryAcquire(ctx, "k", ownOption{})`,
-		"ownOption{}", "ownOption does not implement pglock.LockOption"},
+		"ownOption{}", "ownOption does not implement pglock.Option"},
 }
 
 // fittingOptions gives every call the options that fit it, TTL to each: it must compile,
@@ -72,7 +72,7 @@ const fittingOptions = `
 	c.TryAcquire(ctx, "k", every[0])
 	client := []pglock.ClientOption{pglock.TTL(d), pglock.WithLogger(logger)}
 	pglock.NewWithStore(store, client...)
-	var none pglock.LockOption // compiles; fails at run time (TestBadInputGetsAClearErrorAndTouchesNothing)
+	var none pglock.Option // compiles; fails at run time (TestBadInputGetsAClearErrorAndTouchesNothing)
 	c.TryAcquire(ctx, "k", none)
 `
 
@@ -92,7 +92,7 @@ import (
 
 type ownOption struct{}
 
-func (ownOption) lockOption() {}
+func (ownOption) everyOption() {}
 
 func main() {}
 
