@@ -36,7 +36,7 @@ import (
 // last release, stops at the first failed call, and waits, bounded by its ctx.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
-	lc, err := c.lockSettings(key, useTry, "TryAcquire", opts)
+	lc, err := lockSettings(c, key, "TryAcquire", opts, Option.everyOption)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
@@ -55,9 +55,9 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // the wait with ErrClosed. A key that stays held returns an error matching
 // ErrNotAcquired; so does ctx's end, during a pause or an attempt, and the error
 // matches ctx's cause too. Other errors are TryAcquire's.
-func (c *Client) Acquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
+func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	start := c.clock.Now()
-	lc, err := c.lockSettings(key, useAcquire, "Acquire", opts)
+	lc, err := lockSettings(c, key, "Acquire", opts, AcquireOption.acquireOption)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
@@ -134,12 +134,12 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 // Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
 // when fn returned nil, a *LockLostError if the lock was lost before its release,
 // ErrClosed if Close left it to expire, or the release's error.
-func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...Option) (err error) {
+func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
 	start := c.clock.Now()
 	if fn == nil {
 		return c.acquireFailed(key, start, invalidArg("WithLock: nil fn"))
 	}
-	lc, err := c.lockSettings(key, useAcquire, "WithLock", opts)
+	lc, err := lockSettings(c, key, "WithLock", opts, AcquireOption.acquireOption)
 	if err != nil {
 		return c.acquireFailed(key, start, err)
 	}
@@ -162,13 +162,14 @@ func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	return fn(fctx)
 }
 
-// lockSettings checks key and applies opts, given to call, over the client's defaults.
-func (c *Client) lockSettings(key string, call use, callName string, opts []Option) (settings, error) {
+// lockSettings checks key and applies opts, given to callName, over c's defaults; get
+// is applyOptions'.
+func lockSettings[O any](c *Client, key, callName string, opts []O, get func(O) option) (settings, error) {
 	s := settings{ttl: c.ttl}
 	if err := checkKey(key); err != nil {
 		return s, err
 	}
-	return s, applyOptions(&s, call, callName, opts)
+	return s, applyOptions(&s, callName, opts, get)
 }
 
 // try makes one attempt to take key for ttl.

@@ -34,7 +34,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	cases := []struct {
 		name string
 		key  string
-		opts []pglock.Option
+		opts []pglock.Option // the calls' options; TTL is every call's
 		fn   func(context.Context) error
 		want error
 	}{
@@ -45,20 +45,17 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 		{"TTLUnder1ms", "k", []pglock.Option{pglock.TTL(time.Microsecond)}, fn, pglock.ErrInvalidArgument},
 		{"ZeroTTL", "k", []pglock.Option{pglock.TTL(0)}, fn, pglock.ErrInvalidArgument},
 		{"TTLOverOneYear", "k", []pglock.Option{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, fn, pglock.ErrInvalidArgument},
-		{"NegativeWait", "k", []pglock.Option{pglock.Wait(-time.Second)}, fn, pglock.ErrInvalidArgument},
-		{"ZeroOption", "k", []pglock.Option{{}}, fn, pglock.ErrInvalidArgument},
-		{"AJobsOption", "k", []pglock.Option{pglock.OnOneInstance()}, fn, pglock.ErrInvalidArgument},
-		{"AClientsOption", "k", []pglock.Option{pglock.WithoutListener()}, fn, pglock.ErrInvalidArgument},
+		{"NilOption", "k", []pglock.Option{nil}, fn, pglock.ErrInvalidArgument},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := c.TryAcquire(t.Context(), tc.key, tc.opts...)
 			require.ErrorIs(t, err, tc.want)
 			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
-			_, err = c.Acquire(t.Context(), tc.key, tc.opts...)
+			_, err = c.Acquire(t.Context(), tc.key, optionsOf[pglock.AcquireOption](tc.opts)...)
 			require.ErrorIs(t, err, tc.want)
 			ran := false
-			err = c.WithLock(t.Context(), tc.key, func(context.Context) error { ran = true; return nil }, tc.opts...)
+			err = c.WithLock(t.Context(), tc.key, func(context.Context) error { ran = true; return nil }, optionsOf[pglock.AcquireOption](tc.opts)...)
 			require.ErrorIs(t, err, tc.want)
 			require.False(t, ran)
 		})
@@ -66,10 +63,21 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	t.Run("NilFn", func(t *testing.T) {
 		require.ErrorIs(t, c.WithLock(t.Context(), "k", nil), pglock.ErrInvalidArgument)
 	})
-	t.Run("WaitIsNotAnOptionOfTryAcquire", func(t *testing.T) {
-		_, err := c.TryAcquire(t.Context(), "k", pglock.Wait(time.Second))
+	t.Run("NegativeWait", func(t *testing.T) {
+		_, err := c.Acquire(t.Context(), "k", pglock.Wait(-time.Second))
 		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-		require.ErrorContains(t, err, "Wait is not an option of TryAcquire (it applies to Acquire and WithLock)")
+		require.ErrorContains(t, err, "pglock: invalid argument: Acquire: Wait: -1s is negative")
+		ran := false
+		err = c.WithLock(t.Context(), "k", func(context.Context) error { ran = true; return nil }, pglock.Wait(-time.Second))
+		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+		require.False(t, ran)
+	})
+	t.Run("NilOptionNamesTheCall", func(t *testing.T) {
+		_, err := c.TryAcquire(t.Context(), "k", nil)
+		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+		require.ErrorContains(t, err, "pglock: invalid argument: TryAcquire: a nil Option")
+		_, err = c.Acquire(t.Context(), "k", pglock.TTL(time.Second), nil)
+		require.ErrorContains(t, err, "pglock: invalid argument: Acquire: a nil AcquireOption")
 	})
 	require.Zero(t, lockRows(t, pool), "bad input wrote to the locks table")
 }
@@ -79,7 +87,7 @@ func TestBadOptionsNameTheOption(t *testing.T) {
 	store := pglock.NewMemoryStore(nil)
 	cases := []struct {
 		name string
-		opt  pglock.Option
+		opt  pglock.ClientOption
 		want string
 	}{
 		{"TTLZero", pglock.TTL(0), "NewWithStore: TTL: 0s: want 1ms to 8760h0m0s"},
@@ -87,9 +95,7 @@ func TestBadOptionsNameTheOption(t *testing.T) {
 		{"EmptyInstanceName", pglock.WithInstanceName(""), "NewWithStore: WithInstanceName"},
 		{"InstanceNameWithNUL", pglock.WithInstanceName("a\x00b"), "WithInstanceName"},
 		{"NilEventHandler", pglock.WithEventHandler(nil), "WithEventHandler: nil handler"},
-		{"ZeroOption", pglock.Option{}, "zero Option"},
-		{"WaitIsNotAnOptionOfAClient", pglock.Wait(time.Second), "Wait is not an option of NewWithStore"},
-		{"JobsOptionIsNotAnOptionOfAClient", pglock.OnOneInstance(), "OnOneInstance is not an option of NewWithStore (it applies to Job)"},
+		{"NilOption", nil, "NewWithStore: a nil ClientOption"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -466,4 +472,14 @@ func TestOneHolderAtATimeUnderRace(t *testing.T) {
 	wg.Wait()
 	require.EqualValues(t, 1, maxInside.Load())
 	require.EqualValues(t, instances*4*rounds, runs.Load())
+}
+
+// optionsOf returns opts as options of one call (O: pglock.AcquireOption, for one), nil
+// staying nil; every Option is one.
+func optionsOf[O any](opts []pglock.Option) []O {
+	out := make([]O, len(opts))
+	for i, o := range opts {
+		out[i], _ = any(o).(O)
+	}
+	return out
 }

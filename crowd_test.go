@@ -121,7 +121,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	if listen == nil {
 		listen = pool.Config().ConnConfig
 	}
-	opts := []Option{listenOn(listen), TTL(30 * time.Second), WithInstanceName("crowd")}
+	opts := []ClientOption{listenOn(listen), TTL(30 * time.Second), WithInstanceName("crowd")}
 	if cr.clock != nil {
 		opts = append(opts, WithClock(cr.clock))
 	}
@@ -413,11 +413,11 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	ctx := t.Context()
 	clock := stoppedClock{time.Now()}
 	store := NewPostgresStore(pool)
-	holder, err := newClient(store, "New", []Option{WithClock(clock), WithoutListener()})
+	holder, err := newClient(store, "New", []ClientOption{WithClock(clock), WithoutListener()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, holder.Close(context.Background())) }()
 	key := "wait-zero/" + t.Name()
-	c, err := newClient(store, "New", []Option{listenOn(pool.Config().ConnConfig), WithClock(clock)})
+	c, err := newClient(store, "New", []ClientOption{listenOn(pool.Config().ConnConfig), WithClock(clock)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(context.Background())) }()
 	// Its listener up first: one still connecting would have the waiter poll, and take

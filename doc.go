@@ -14,6 +14,17 @@
 // atomic decision (who holds a key, when it expires) is one statement in PostgreSQL,
 // on the database's clock, so the instances' clocks never decide who holds a lock.
 //
+// # Options
+//
+// Each kind of call has its own option type, as gocron's SchedulerOption and JobOption
+// or grpc's DialOption and CallOption do: New and NewWithStore take ClientOptions,
+// Acquire and WithLock AcquireOptions, Client.Job JobOptions. TTL fits every call: it
+// is an Option, which is all three, and the calls that take nothing else (TryAcquire,
+// Elect, GocronElector, GocronLocker) take Options. So an option given to a call it
+// does not fit (OnOneInstance to TryAcquire) does not compile. A value out of range, or a nil option, makes
+// the call return an error wrapping ErrInvalidArgument that names the call and the
+// option, and the call then does nothing.
+//
 // # What a lease promises
 //
 // Of any number of instances, at most one holds a live lease on a key, as the database

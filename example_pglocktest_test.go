@@ -55,7 +55,7 @@ func testPausedInstanceWriteIsRefused(t *testing.T) {
 }
 
 // newTestClient returns a client on pool, closed when the test ends.
-func newTestClient(t *testing.T, pool *pgxpool.Pool, opts ...pglock.Option) *pglock.Client {
+func newTestClient(t *testing.T, pool *pgxpool.Pool, opts ...pglock.ClientOption) *pglock.Client {
 	t.Helper()
 	client, err := pglock.New(pool, opts...)
 	require.NoError(t, err)

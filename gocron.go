@@ -53,7 +53,7 @@ func GocronOptions(name string) []gocron.JobOption {
 // key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
 // ErrInvalidArgument (a bad option, a taken key) or ErrClosed.
 func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, error) {
-	lc, err := c.lockSettings(key, useGocron, "GocronElector", opts)
+	lc, err := lockSettings(c, key, "GocronElector", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +199,7 @@ func (e *GocronElector) leaveToExpire() {
 // or ErrClosed. The locker is safe for concurrent use.
 func (c *Client) GocronLocker(opts ...Option) (gocron.Locker, error) {
 	lc := settings{ttl: c.ttl}
-	err := applyOptions(&lc, useGocron, "GocronLocker", opts)
+	err := applyOptions(&lc, "GocronLocker", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}

@@ -102,9 +102,9 @@ type skipCount struct {
 // failed write is logged at warn and never fails a run. Close waits for what is
 // pending (bounded by its ctx). The store deletes a job's runs older than retention
 // now and then as it records them. Client.JobRuns and Client.Jobs read the history
-// whatever this option says. It applies to New and NewWithStore.
-func RunHistory(retention time.Duration) Option {
-	return Option{name: "RunHistory", where: useClient, apply: func(s *settings) error {
+// whatever this option says. It is a ClientOption.
+func RunHistory(retention time.Duration) ClientOption {
+	return clientOpt{name: "RunHistory", apply: func(s *settings) error {
 		if retention != 0 && (retention < minRunRetention || retention > maxRunRetention) {
 			return fmt.Errorf("%v: want 0 (off) or %v to %v", retention, minRunRetention, maxRunRetention)
 		}

@@ -26,9 +26,9 @@ func dbNow(t *testing.T, pool *pgxpool.Pool) time.Time {
 }
 
 // historyClient is an instance named name on pool, closed when the test ends.
-func historyClient(t *testing.T, pool *pgxpool.Pool, name string, opts ...pglock.Option) *pglock.Client {
+func historyClient(t *testing.T, pool *pgxpool.Pool, name string, opts ...pglock.ClientOption) *pglock.Client {
 	t.Helper()
-	return newClient(t, pglock.NewPostgresStore(pool), append([]pglock.Option{quiet, pglock.WithInstanceName(name)}, opts...)...)
+	return newClient(t, pglock.NewPostgresStore(pool), append([]pglock.ClientOption{quiet, pglock.WithInstanceName(name)}, opts...)...)
 }
 
 // runRows counts the rows of pglock.job_runs, as the migrating role sees them.
@@ -486,14 +486,6 @@ func TestJobRunHistoryBadInput(t *testing.T) {
 			require.Nil(t, c)
 		})
 	}
-	t.Run("RunHistory given to a Job", func(t *testing.T) {
-		j, err := c.Job("bad:job", func(context.Context) error { return nil }, pglock.OnOneInstance(), pglock.RunHistory(time.Hour))
-		require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-		require.ErrorContains(t, err, `RunHistory is not an option of Job "bad:job" (it applies to New)`)
-		require.Nil(t, j)
-		_, err = c.Job("bad:job", func(context.Context) error { return nil }, pglock.OnOneInstance())
-		require.NoError(t, err, "nothing was registered")
-	})
 }
 
 // Through database/sql (lib/pq, pgx's stdlib), the history records and reads the same.

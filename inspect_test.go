@@ -21,7 +21,7 @@ import (
 // PostgreSQL, the manual clock for memory.
 type inspectStore struct {
 	name   string
-	open   func(t *testing.T) (pglock.Store, []pglock.Option)
+	open   func(t *testing.T) (pglock.Store, []pglock.ClientOption)
 	expire func(t *testing.T, ttl time.Duration)
 }
 
@@ -29,19 +29,19 @@ func inspectStores() []inspectStore {
 	var clock *pglocktest.ManualClock
 	sleepOnDatabaseClock := func(_ *testing.T, ttl time.Duration) { time.Sleep(ttl + 5*time.Millisecond) }
 	return []inspectStore{
-		{"pgx", func(t *testing.T) (pglock.Store, []pglock.Option) {
+		{"pgx", func(t *testing.T) (pglock.Store, []pglock.ClientOption) {
 			return pglock.NewPostgresStore(pglocktest.Postgres(t)), nil
 		}, sleepOnDatabaseClock},
-		{"database/sql", func(t *testing.T) (pglock.Store, []pglock.Option) {
+		{"database/sql", func(t *testing.T) (pglock.Store, []pglock.ClientOption) {
 			cfg, err := pgx.ParseConfig(pglocktest.PostgresURL(t))
 			require.NoError(t, err)
 			db := stdlib.OpenDB(*cfg)
 			t.Cleanup(func() { _ = db.Close() })
 			return pglock.NewSQLStore(db), nil
 		}, sleepOnDatabaseClock},
-		{"memory", func(*testing.T) (pglock.Store, []pglock.Option) {
+		{"memory", func(*testing.T) (pglock.Store, []pglock.ClientOption) {
 			clock = pglocktest.NewManualClock(time.Now())
-			return pglock.NewMemoryStore(clock), []pglock.Option{pglock.WithClock(clock)}
+			return pglock.NewMemoryStore(clock), []pglock.ClientOption{pglock.WithClock(clock)}
 		}, func(_ *testing.T, ttl time.Duration) { clock.Advance(ttl) }},
 	}
 }

@@ -51,7 +51,7 @@ type Job struct {
 // the same tick a few milliseconds later skip it rather than run it again. An app shuts
 // down in this order: the scheduler's Shutdown (no more ticks, running ones finish),
 // then Client.Close, then the pool's Close.
-func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Option) (*Job, error) {
+func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...JobOption) (*Job, error) {
 	if err := checkJobKey(key); err != nil {
 		return nil, err
 	}
@@ -59,7 +59,7 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Opt
 		return nil, invalidArg("Job %q: nil fn", key)
 	}
 	cfg := settings{ttl: c.ttl}
-	if err := applyOptions(&cfg, useJob, fmt.Sprintf("Job %q", key), opts); err != nil {
+	if err := applyOptions(&cfg, fmt.Sprintf("Job %q", key), opts, JobOption.jobOption); err != nil {
 		return nil, err
 	}
 	if !cfg.oneInstance && !cfg.withoutOverlapping {

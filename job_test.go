@@ -158,9 +158,9 @@ type jobInstance struct {
 }
 
 // start starts an instance named name; reconcile are the reconciliation's options.
-func (s *jobShop) start(t *testing.T, name string, logs *logBuffer, events *jobEvents, reconcile []pglock.Option, opts ...pglock.Option) jobInstance {
+func (s *jobShop) start(t *testing.T, name string, logs *logBuffer, events *jobEvents, reconcile []pglock.JobOption, opts ...pglock.ClientOption) jobInstance {
 	t.Helper()
-	opts = append([]pglock.Option{pglock.WithInstanceName(name), pglock.WithLogger(newLogger(logs)),
+	opts = append([]pglock.ClientOption{pglock.WithInstanceName(name), pglock.WithLogger(newLogger(logs)),
 		pglock.WithEventHandler(events.record)}, opts...)
 	c := newClient(t, pglock.NewPostgresStore(s.pool), opts...)
 	export, err := c.Job(jobExportKey, s.exportInvoices, pglock.OnOneInstance())
@@ -309,7 +309,7 @@ func TestOnOneInstanceRunsEachTickOnce(t *testing.T) {
 	var events jobEvents
 	var apps []jobInstance
 	for i := range 3 {
-		apps = append(apps, shop.start(t, fmt.Sprintf("instance-%d", i+1), &logs, &events, []pglock.Option{pglock.OnOneInstance()}))
+		apps = append(apps, shop.start(t, fmt.Sprintf("instance-%d", i+1), &logs, &events, []pglock.JobOption{pglock.OnOneInstance()}))
 	}
 
 	tickJobs(t, apps[0].export, apps[1].export, apps[2].export)
@@ -336,10 +336,10 @@ func TestOnOneInstanceMovesTheJobAfterTTLWhenItsOwnerDies(t *testing.T) {
 	var events jobEvents
 	// The crashed instance's clock stands still: it never renews, as if its process died.
 	stopped := pglocktest.NewManualClock(time.Now())
-	crashed := shop.start(t, "crashed", &logs, &events, []pglock.Option{pglock.OnOneInstance()},
+	crashed := shop.start(t, "crashed", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()},
 		pglock.WithClock(stopped), pglock.TTL(time.Second))
 	t.Cleanup(func() { stopped.Advance(time.Second) }) // before its Close: it finds its lease lost
-	survivor := shop.start(t, "survivor", &logs, &events, []pglock.Option{pglock.OnOneInstance()}, pglock.TTL(time.Second))
+	survivor := shop.start(t, "survivor", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()}, pglock.TTL(time.Second))
 
 	require.NoError(t, crashed.export.Run(ctx))
 	require.NoError(t, survivor.export.Run(ctx))
@@ -364,7 +364,7 @@ func TestWithoutOverlappingSkipsEveryTickDuringARunThenRunsTheNext(t *testing.T)
 	var logs logBuffer
 	var events jobEvents
 	clock := pglocktest.NewManualClock(time.Now())
-	both := []pglock.Option{pglock.OnOneInstance(), pglock.WithoutOverlapping()}
+	both := []pglock.JobOption{pglock.OnOneInstance(), pglock.WithoutOverlapping()}
 	owner := shop.start(t, "owner", &logs, &events, both, pglock.WithClock(clock))
 	other := shop.start(t, "other", &logs, &events, both, pglock.WithClock(clock))
 	t.Cleanup(func() { clock.Advance(time.Second) }) // past the last run's first second, before Close
@@ -397,7 +397,7 @@ func TestWithoutOverlappingAloneRunsOnAnyInstanceOneRunAtATime(t *testing.T) {
 	shop := newJobShop(t, pglocktest.Postgres(t))
 	var logs logBuffer
 	var events jobEvents
-	only := []pglock.Option{pglock.WithoutOverlapping()}
+	only := []pglock.JobOption{pglock.WithoutOverlapping()}
 	a := shop.start(t, "a", &logs, &events, only)
 	b := shop.start(t, "b", &logs, &events, only)
 
@@ -465,7 +465,7 @@ func TestCloseHandsLeasesOver(t *testing.T) {
 	// start returns a job on a client of its own on clock (nil: the real one), counting runs.
 	start := func(t *testing.T, store pglock.Store, logs *logBuffer, clock pglock.Clock, ran *atomic.Int32) (*pglock.Client, *pglock.Job) {
 		t.Helper()
-		opts := []pglock.Option{pglock.WithLogger(newLogger(logs))}
+		opts := []pglock.ClientOption{pglock.WithLogger(newLogger(logs))}
 		if clock != nil {
 			opts = append(opts, pglock.WithClock(clock))
 		}
@@ -686,12 +686,8 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 			_, err := c.Job("nightly", fn, pglock.TTL(time.Second))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"JobZeroOption", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.Option{})
-			return err
-		}, pglock.ErrInvalidArgument},
-		{"WaitIsNotAnOptionOfJob", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), pglock.Wait(time.Second))
+		{"JobNilOption", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.Job("nightly", fn, pglock.OnOneInstance(), nil)
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"JobTTLZero", "nightly", func(t *testing.T, c *pglock.Client) error {
@@ -718,24 +714,16 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 			_, err := c.GocronElector("nightly", pglock.TTL(0))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"GocronElectorZeroOption", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronElector("nightly", pglock.Option{})
-			return err
-		}, pglock.ErrInvalidArgument},
-		{"WaitIsNotAnOptionOfGocronElector", "nightly", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronElector("nightly", pglock.Wait(0))
-			return err
-		}, pglock.ErrInvalidArgument},
-		{"WaitIsNotAnOptionOfGocronLocker", "", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronLocker(pglock.Wait(0))
+		{"GocronElectorNilOption", "nightly", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronElector("nightly", nil)
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"GocronLockerBadTTL", "", func(t *testing.T, c *pglock.Client) error {
 			_, err := c.GocronLocker(pglock.TTL(pglock.MaxTTL + time.Millisecond))
 			return err
 		}, pglock.ErrInvalidArgument},
-		{"GocronLockerZeroOption", "", func(t *testing.T, c *pglock.Client) error {
-			_, err := c.GocronLocker(pglock.Option{})
+		{"GocronLockerNilOption", "", func(t *testing.T, c *pglock.Client) error {
+			_, err := c.GocronLocker(nil)
 			return err
 		}, pglock.ErrInvalidArgument},
 		{"GocronLockerEmptyJobName", "", func(t *testing.T, c *pglock.Client) error {

@@ -65,7 +65,7 @@ type Election struct {
 // a bad option or a key already registered on this client, and ErrClosed after
 // Close; it then starts nothing. It is safe for concurrent use.
 func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Election, error) {
-	cfg, err := c.lockSettings(key, useElect, "Elect", opts)
+	cfg, err := lockSettings(c, key, "Elect", opts, Option.everyOption)
 	if err != nil {
 		return nil, err
 	}

@@ -488,7 +488,7 @@ func tryAcquireFree(t *testing.T, c *pglock.Client, key string, opts ...pglock.O
 	l, err := c.TryAcquire(t.Context(), key, opts...)
 	if errors.Is(err, pglock.ErrNotAcquired) {
 		t.Logf("the free key %q was refused: %v", key, err)
-		l, err = c.Acquire(t.Context(), key, append(opts, pglock.Wait(20*time.Second))...)
+		l, err = c.Acquire(t.Context(), key, append(optionsOf[pglock.AcquireOption](opts), pglock.Wait(20*time.Second))...)
 	}
 	require.NoError(t, err)
 	return l

@@ -247,7 +247,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	holder := newClient(t, pglock.NewPostgresStore(pool))
-	for i, opts := range [][]pglock.Option{nil, {pglock.WithoutListener()}} {
+	for i, opts := range [][]pglock.ClientOption{nil, {pglock.WithoutListener()}} {
 		key := fmt.Sprint("k", i)
 		_, err := holder.TryAcquire(t.Context(), key)
 		require.NoError(t, err)
@@ -303,8 +303,8 @@ func BenchmarkAcquireReleaseNoWaiters16(b *testing.B) {
 func BenchmarkHandoverLatency(b *testing.B) {
 	for _, tc := range []struct {
 		name string
-		opts []pglock.Option
-	}{{"notify", nil}, {"poll", []pglock.Option{pglock.WithoutListener()}}} {
+		opts []pglock.ClientOption
+	}{{"notify", nil}, {"poll", []pglock.ClientOption{pglock.WithoutListener()}}} {
 		b.Run(tc.name, func(b *testing.B) {
 			ctx := b.Context()
 			pool := pglocktest.Postgres(b)

@@ -38,7 +38,7 @@ func newLogger(b *logBuffer) *slog.Logger {
 }
 
 // newClient returns a Client on pool, closed when the test ends.
-func newClient(t testing.TB, store pglock.Store, opts ...pglock.Option) *pglock.Client {
+func newClient(t testing.TB, store pglock.Store, opts ...pglock.ClientOption) *pglock.Client {
 	t.Helper()
 	c, err := pglock.NewWithStore(store, opts...)
 	require.NoError(t, err)

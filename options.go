@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
+	"reflect"
 	"time"
 	"unicode/utf8"
 
@@ -25,40 +25,52 @@ const (
 	DefaultTTL = 30 * time.Second
 )
 
-// Option configures a Client (New, NewWithStore), one acquisition (TryAcquire,
-// Acquire, WithLock), a Job, an election (Elect) or a gocron adapter (GocronElector,
-// GocronLocker). Each option's doc says where it applies; given anywhere else, or out
-// of range, it makes the call return an error wrapping ErrInvalidArgument that names
-// the option and the call, and the call does nothing.
-type Option struct {
+// The option types (see "Options" in the package doc) are sealed by their unexported
+// methods: only this package's functions make options.
+
+// ClientOption configures a Client: New and NewWithStore take it. The ClientOptions are
+// WithLogger, WithClock, WithInstanceName, WithEventHandler, WithoutListener,
+// WithListenerConnString, RunHistory and TTL.
+type ClientOption interface{ clientOption() option }
+
+// AcquireOption configures Acquire and WithLock. The AcquireOptions are TTL and Wait.
+type AcquireOption interface{ acquireOption() option }
+
+// JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping
+// and TTL.
+type JobOption interface{ jobOption() option }
+
+// Option is an option that every call takes: a ClientOption, an AcquireOption and a
+// JobOption. The one Option is TTL. TryAcquire, Elect and the gocron adapters take
+// Options, so that nothing but TTL fits them.
+type Option interface {
+	ClientOption
+	AcquireOption
+	JobOption
+	everyOption() option
+}
+
+// option is what every option is: its name, for errors, and what it sets.
+type option struct {
 	name  string
-	where use
 	apply func(*settings) error
 }
 
-// use is a set of the calls an Option applies to.
-type use uint8
-
-const (
-	useClient  use = 1 << iota // New, NewWithStore
-	useTry                     // TryAcquire
-	useAcquire                 // Acquire, WithLock
-	useJob                     // Client.Job
-	useElect                   // Client.Elect
-	useGocron                  // GocronElector, GocronLocker
+// The options' types, one for each set of calls an option fits.
+type (
+	clientOpt  option // ClientOption
+	acquireOpt option // AcquireOption
+	jobOpt     option // JobOption
+	everyOpt   option // Option
 )
 
-var useNames = []string{"New", "TryAcquire", "Acquire and WithLock", "Job", "Elect", "the gocron adapters"}
-
-func (u use) String() string {
-	var names []string
-	for i, name := range useNames {
-		if u&(1<<i) != 0 {
-			names = append(names, name)
-		}
-	}
-	return strings.Join(names, ", ")
-}
+func (o clientOpt) clientOption() option   { return option(o) }
+func (o acquireOpt) acquireOption() option { return option(o) }
+func (o jobOpt) jobOption() option         { return option(o) }
+func (o everyOpt) clientOption() option    { return option(o) }
+func (o everyOpt) acquireOption() option   { return option(o) }
+func (o everyOpt) jobOption() option       { return option(o) }
+func (o everyOpt) everyOption() option     { return option(o) }
 
 // settings is what the options set, for every kind of call; each call reads its part.
 type settings struct {
@@ -77,15 +89,14 @@ type settings struct {
 	runRetention       time.Duration // RunHistory's; 0: off
 }
 
-// applyOptions applies opts, given to call (one use), over s.
-func applyOptions(s *settings, call use, callName string, opts []Option) error {
-	for _, opt := range opts {
-		if opt.apply == nil {
-			return invalidArg("%s: zero Option", callName)
+// applyOptions applies opts, given to the call callName, over s; get is the method of
+// their interface (ClientOption.clientOption, for one).
+func applyOptions[O any](s *settings, callName string, opts []O, get func(O) option) error {
+	for _, o := range opts {
+		if any(o) == nil {
+			return invalidArg("%s: a nil %s", callName, reflect.TypeFor[O]().Name())
 		}
-		if opt.where&call == 0 {
-			return invalidArg("%s: %s is not an option of %s (it applies to %s)", callName, opt.name, callName, opt.where)
-		}
+		opt := get(o)
 		if err := opt.apply(s); err != nil {
 			return fmt.Errorf("%w: %s: %s: %s", ErrInvalidArgument, callName, opt.name, err)
 		}
@@ -96,23 +107,23 @@ func applyOptions(s *settings, call use, callName string, opts []Option) error {
 // TTL sets how long a lock lives without a renewal, between MinTTL and MaxTTL: given to
 // New, the default of the client's locks (DefaultTTL when not set); given to
 // TryAcquire, Acquire, WithLock, Job, Elect or a gocron adapter, the ttl of its locks.
-// Locks are renewed every ttl/3; a holder that dies is replaced after about ttl.
+// Locks are renewed every ttl/3; a holder that dies is replaced after about ttl. It is
+// an Option: every call takes it.
 func TTL(ttl time.Duration) Option {
-	return Option{name: "TTL", where: useClient | useTry | useAcquire | useJob | useElect | useGocron,
-		apply: func(s *settings) error {
-			if ttl < MinTTL || ttl > MaxTTL {
-				return fmt.Errorf("%v: want %v to %v", ttl, MinTTL, MaxTTL)
-			}
-			s.ttl = ttl
-			return nil
-		}}
+	return everyOpt{name: "TTL", apply: func(s *settings) error {
+		if ttl < MinTTL || ttl > MaxTTL {
+			return fmt.Errorf("%v: want %v to %v", ttl, MinTTL, MaxTTL)
+		}
+		s.ttl = ttl
+		return nil
+	}}
 }
 
 // Wait bounds how long Acquire and WithLock wait for a held key, on the client's clock.
-// Zero means one attempt. Without Wait they wait until their ctx ends. It applies to
-// Acquire and WithLock only.
-func Wait(d time.Duration) Option {
-	return Option{name: "Wait", where: useAcquire, apply: func(s *settings) error {
+// Zero means one attempt. Without Wait they wait until their ctx ends. It is an
+// AcquireOption: Acquire and WithLock take it.
+func Wait(d time.Duration) AcquireOption {
+	return acquireOpt{name: "Wait", apply: func(s *settings) error {
 		if d < 0 {
 			return fmt.Errorf("%v is negative", d)
 		}
@@ -124,9 +135,9 @@ func Wait(d time.Duration) Option {
 // WithLogger sets the client's logger; nil means slog.Default(). Routine acquisitions,
 // renewals, releases and skipped ticks log at debug, a job or leadership changing hands
 // at info, a lost lock at warn. Attribute keys are key, owner, token, ttl, reason and
-// err. It applies to New and NewWithStore.
-func WithLogger(l *slog.Logger) Option {
-	return Option{name: "WithLogger", where: useClient, apply: func(s *settings) error {
+// err. It is a ClientOption.
+func WithLogger(l *slog.Logger) ClientOption {
+	return clientOpt{name: "WithLogger", apply: func(s *settings) error {
 		s.logger = l
 		return nil
 	}}
@@ -134,9 +145,9 @@ func WithLogger(l *slog.Logger) Option {
 
 // WithClock sets the clock the client renews, waits and counts deadlines on; nil means
 // the real clock. Expiry is always measured by the store. Tests use
-// pglocktest.ManualClock. It applies to New and NewWithStore.
-func WithClock(clock Clock) Option {
-	return Option{name: "WithClock", where: useClient, apply: func(s *settings) error {
+// pglocktest.ManualClock. It is a ClientOption.
+func WithClock(clock Clock) ClientOption {
+	return clientOpt{name: "WithClock", apply: func(s *settings) error {
 		s.clock = clock
 		return nil
 	}}
@@ -144,9 +155,9 @@ func WithClock(clock Clock) Option {
 
 // WithInstanceName sets the prefix of every owner id the client draws (default
 // "hostname/pid"), so the locks table says which instance holds what. It must be 1 to
-// 200 characters of valid UTF-8 without NUL bytes. It applies to New and NewWithStore.
-func WithInstanceName(name string) Option {
-	return Option{name: "WithInstanceName", where: useClient, apply: func(s *settings) error {
+// 200 characters of valid UTF-8 without NUL bytes. It is a ClientOption.
+func WithInstanceName(name string) ClientOption {
+	return clientOpt{name: "WithInstanceName", apply: func(s *settings) error {
 		if name == "" || utf8.RuneCountInString(name) > 200 || !validText(name) {
 			return fmt.Errorf("%q: want 1 to 200 characters of valid UTF-8 without NUL", name)
 		}
@@ -165,9 +176,9 @@ func WithInstanceName(name string) Option {
 // at Warn, at most every 10 s. Close waits for the queue to drain (bounded by its
 // ctx); an event that comes after Close has returned (a leader that Close gave up
 // waiting for steps down later) is dropped. A panic in the handler is recovered and
-// logged. It applies to New and NewWithStore.
-func WithEventHandler(h func(Event)) Option {
-	return Option{name: "WithEventHandler", where: useClient, apply: func(s *settings) error {
+// logged. It is a ClientOption.
+func WithEventHandler(h func(Event)) ClientOption {
+	return clientOpt{name: "WithEventHandler", apply: func(s *settings) error {
 		if h == nil {
 			return errors.New("nil handler")
 		}
@@ -183,9 +194,9 @@ func WithEventHandler(h func(Event)) Option {
 // Resign hands over within milliseconds, not ttl/3). Use it to spare the
 // connection; behind PgBouncer in transaction mode, where LISTEN does not work, use it
 // or WithListenerConnString (waiters still get the key without either, by polling). Clients
-// of NewWithStore always poll. It applies to New and NewWithStore.
-func WithoutListener() Option {
-	return Option{name: "WithoutListener", where: useClient, apply: func(s *settings) error {
+// of NewWithStore always poll. It is a ClientOption.
+func WithoutListener() ClientOption {
+	return clientOpt{name: "WithoutListener", apply: func(s *settings) error {
 		s.noListen = true
 		return nil
 	}}
@@ -196,10 +207,10 @@ func WithoutListener() Option {
 // PostgreSQL directly while the pool goes through PgBouncer in transaction mode, where
 // LISTEN does not work (waiters then only poll). It must be a non-empty connection
 // string that pgx.ParseConfig accepts, on the pool's database, where the releases are
-// notified. It applies to New, and to NewWithStore with a store of NewPostgresStore or
-// NewSQLStore, which otherwise polls; WithoutListener overrides it.
-func WithListenerConnString(connString string) Option {
-	return Option{name: "WithListenerConnString", where: useClient, apply: func(s *settings) error {
+// notified. It is a ClientOption: it applies to New, and to NewWithStore with a store of
+// NewPostgresStore or NewSQLStore, which otherwise polls; WithoutListener overrides it.
+func WithListenerConnString(connString string) ClientOption {
+	return clientOpt{name: "WithListenerConnString", apply: func(s *settings) error {
 		if connString == "" {
 			return errors.New("empty: want a connection string")
 		}
@@ -213,8 +224,8 @@ func WithListenerConnString(connString string) Option {
 }
 
 // listenOn is New's option: the configuration of the listener's connection.
-func listenOn(cfg *pgx.ConnConfig) Option {
-	return Option{name: "listenOn", where: useClient, apply: func(s *settings) error {
+func listenOn(cfg *pgx.ConnConfig) ClientOption {
+	return clientOpt{name: "listenOn", apply: func(s *settings) error {
 		s.listen = cfg
 		return nil
 	}}
@@ -226,9 +237,9 @@ func listenOn(cfg *pgx.ConnConfig) Option {
 // tick. When the owner dies, its lease expires after the ttl, on the database clock,
 // and the first tick after that, on any instance, takes the job over; when it closes
 // its Client, it hands the lease back at once (see Client.Close). Missed ticks are not
-// caught up. It applies to Job only.
-func OnOneInstance() Option {
-	return Option{name: "OnOneInstance", where: useJob, apply: func(s *settings) error {
+// caught up. It is a JobOption: Client.Job takes it.
+func OnOneInstance() JobOption {
+	return jobOpt{name: "OnOneInstance", apply: func(s *settings) error {
 		s.oneInstance = true
 		return nil
 	}}
@@ -237,9 +248,9 @@ func OnOneInstance() Option {
 // WithoutOverlapping keeps a run from overlapping another run of the job: a run holds
 // the run lock "<key>", renewed, from its start to its end, and a tick that finds it
 // held is skipped, on this instance or any other. Without OnOneInstance it means "any
-// instance, one run at a time". It applies to Job only.
-func WithoutOverlapping() Option {
-	return Option{name: "WithoutOverlapping", where: useJob, apply: func(s *settings) error {
+// instance, one run at a time". It is a JobOption: Client.Job takes it.
+func WithoutOverlapping() JobOption {
+	return jobOpt{name: "WithoutOverlapping", apply: func(s *settings) error {
 		s.withoutOverlapping = true
 		return nil
 	}}

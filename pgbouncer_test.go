@@ -188,11 +188,11 @@ func TestPgBouncerElectionHandsOver(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		wake bool // a notification, not a poll, hands over
-		opts []pglock.Option
+		opts []pglock.ClientOption
 	}{
-		{"PollingWithoutListener", false, []pglock.Option{pglock.WithoutListener()}},
+		{"PollingWithoutListener", false, []pglock.ClientOption{pglock.WithoutListener()}},
 		{"PollingWithListenerThroughPgBouncer", false, nil},
-		{"WakingWithDirectListener", true, []pglock.Option{
+		{"WakingWithDirectListener", true, []pglock.ClientOption{
 			pglock.WithListenerConnString(directURL),
 			pglock.WithClock(pglocktest.NewManualClock(time.Now())),
 		}},
@@ -201,7 +201,7 @@ func TestPgBouncerElectionHandsOver(t *testing.T) {
 			t.Parallel()
 			f := newFeed(t, 2)
 			leader := newPoolClient(t, bouncerPool(t, bouncerURL, 4), pglock.TTL(ttl), pglock.WithoutListener())
-			follower := newPoolClient(t, bouncerPool(t, bouncerURL, 4), append([]pglock.Option{pglock.TTL(ttl)}, c.opts...)...)
+			follower := newPoolClient(t, bouncerPool(t, bouncerURL, 4), append([]pglock.ClientOption{pglock.TTL(ttl)}, c.opts...)...)
 			key := "feed:" + c.name
 			first, err := leader.Elect(key, f.leader(0))
 			require.NoError(t, err)

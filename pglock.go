@@ -55,17 +55,17 @@ type Client struct {
 // PgBouncer). pglock's statements work through PgBouncer in transaction mode whatever
 // the pool's DefaultQueryExecMode (see NewPostgresStore).
 // Errors wrap ErrInvalidArgument and name the option at fault.
-func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
+func New(pool *pgxpool.Pool, opts ...ClientOption) (*Client, error) {
 	if pool == nil {
 		return nil, invalidArg("New: nil pool")
 	}
-	return newClient(NewPostgresStore(pool), "New", append([]Option{listenOn(pool.Config().ConnConfig)}, opts...))
+	return newClient(NewPostgresStore(pool), "New", append([]ClientOption{listenOn(pool.Config().ConnConfig)}, opts...))
 }
 
 // NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
 // your own that passes pglocktest.TestStore. Errors wrap ErrInvalidArgument and name
 // the option at fault.
-func NewWithStore(store Store, opts ...Option) (*Client, error) {
+func NewWithStore(store Store, opts ...ClientOption) (*Client, error) {
 	if store == nil {
 		return nil, invalidArg("NewWithStore: nil store")
 	}
@@ -75,9 +75,9 @@ func NewWithStore(store Store, opts ...Option) (*Client, error) {
 	return newClient(store, "NewWithStore", opts)
 }
 
-func newClient(store Store, callName string, opts []Option) (*Client, error) {
+func newClient(store Store, callName string, opts []ClientOption) (*Client, error) {
 	cfg := settings{ttl: DefaultTTL, runRetention: defaultRunRetention}
-	if err := applyOptions(&cfg, useClient, callName, opts); err != nil {
+	if err := applyOptions(&cfg, callName, opts, ClientOption.clientOption); err != nil {
 		return nil, err
 	}
 	if cfg.logger == nil {

@@ -299,7 +299,7 @@ func BenchmarkManyInstances(b *testing.B) {
 	}
 	clients := make([]*pglock.Client, nClients)
 	for i := range clients {
-		opts := []pglock.Option{quiet, pglock.TTL(ttl), pglock.WithEventHandler(onEvent),
+		opts := []pglock.ClientOption{quiet, pglock.TTL(ttl), pglock.WithEventHandler(onEvent),
 			pglock.WithInstanceName(fmt.Sprintf("instance-%02d/%d", i, 1000+i))}
 		if i >= listeners {
 			opts = append(opts, pglock.WithoutListener())

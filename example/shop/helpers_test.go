@@ -57,11 +57,11 @@ type instance struct {
 // start starts an instance named name (its client's instance name, and the log's
 // instance attribute) with the client options opts. The test's cleanup stops it as
 // cmd/shop does: the scheduler, then the client, then the pool.
-func (w *world) start(t *testing.T, name string, opts ...pglock.Option) *instance {
+func (w *world) start(t *testing.T, name string, opts ...pglock.ClientOption) *instance {
 	t.Helper()
 	pool := pglocktest.Pool(t, w.url, 5)
 	logger := w.logs.logger(name)
-	locks, err := pglock.New(pool, append([]pglock.Option{pglock.WithInstanceName(name), pglock.WithLogger(logger)}, opts...)...)
+	locks, err := pglock.New(pool, append([]pglock.ClientOption{pglock.WithInstanceName(name), pglock.WithLogger(logger)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, locks.Close(context.Background())) })
 	s, err := shop.New(shop.Config{Pool: pool, Locks: locks, Accounting: w.accounting, Warehouse: w.warehouse,

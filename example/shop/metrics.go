@@ -44,7 +44,7 @@ func NewMetrics() (*Metrics, error) {
 }
 
 // EventHandler is the pglock client option that records the client's events.
-func (m *Metrics) EventHandler() pglock.Option {
+func (m *Metrics) EventHandler() pglock.ClientOption {
 	return pglock.WithEventHandler(m.pglock.Handle)
 }
 

@@ -257,7 +257,7 @@ func (w *worker) lockLoop(ctx context.Context) {
 }
 
 // acquire takes key with Acquire and records the attempt.
-func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.Option) (*pglock.Lock, error) {
+func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.AcquireOption) (*pglock.Lock, error) {
 	start := time.Now()
 	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
 	l, err := w.client.Acquire(ctx, key, opts...)

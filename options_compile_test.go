@@ -1,0 +1,171 @@
+package pglock_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// misplacedOptions are calls given an option that does not fit them, each with what the
+// compiler must say: the option's call and "<its type> does not implement <the call's>".
+var misplacedOptions = []struct {
+	name, code, option, want string
+}{
+	{"OnOneInstanceToTryAcquire", `c.TryAcquire(ctx, "k", pglock.OnOneInstance())`,
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.Option"},
+	{"WaitToTryAcquire", `c.TryAcquire(ctx, "k", pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
+	{"WithLoggerToAcquire", `c.Acquire(ctx, "k", pglock.WithLogger(logger))`,
+		"pglock.WithLogger(logger)", "pglock.ClientOption does not implement pglock.AcquireOption"},
+	{"OnOneInstanceToAcquire", `c.Acquire(ctx, "k", pglock.OnOneInstance())`,
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.AcquireOption"},
+	{"WithoutListenerToWithLock", `c.WithLock(ctx, "k", fn, pglock.WithoutListener())`,
+		"pglock.WithoutListener()", "pglock.ClientOption does not implement pglock.AcquireOption"},
+	{"WaitToJob", `c.Job("k", fn, pglock.OnOneInstance(), pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.JobOption"},
+	{"WithClockToJob", `c.Job("k", fn, pglock.OnOneInstance(), pglock.WithClock(clock))`,
+		"pglock.WithClock(clock)", "pglock.ClientOption does not implement pglock.JobOption"},
+	{"RunHistoryToJob", `c.Job("k", fn, pglock.OnOneInstance(), pglock.RunHistory(d))`,
+		"pglock.RunHistory(d)", "pglock.ClientOption does not implement pglock.JobOption"},
+	{"OnOneInstanceToElect", `c.Elect("k", leader, pglock.OnOneInstance())`,
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.Option"},
+	{"WaitToElect", `c.Elect("k", leader, pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
+	{"WaitToNew", `pglock.New(pool, pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.ClientOption"},
+	{"OnOneInstanceToNewWithStore", `pglock.NewWithStore(store, pglock.OnOneInstance())`,
+		"pglock.OnOneInstance()", "pglock.JobOption does not implement pglock.ClientOption"},
+	{"WaitToGocronElector", `c.GocronElector("k", pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
+	{"WaitToGocronLocker", `c.GocronLocker(pglock.Wait(d))`,
+		"pglock.Wait(d)", "pglock.AcquireOption does not implement pglock.Option"},
+	{"ClientOptionInAnOptionSlice", `_ = []pglock.Option{pglock.TTL(d), pglock.WithLogger(logger)}`,
+		"pglock.WithLogger(logger)", "pglock.ClientOption does not implement pglock.Option"},
+	{"AnOptionOfOurOwn", `c.TryAcquire(ctx, "k", ownOption{})`,
+		"ownOption{}", "ownOption does not implement pglock.Option"},
+}
+
+// fittingOptions gives every call the options that fit it, TTL to each: it must compile,
+// or the test above proves nothing.
+const fittingOptions = `
+	pglock.New(pool, pglock.TTL(d), pglock.WithLogger(logger), pglock.WithClock(clock), pglock.WithInstanceName("a"),
+		pglock.WithEventHandler(func(pglock.Event) {}), pglock.WithoutListener(), pglock.WithListenerConnString("b"),
+		pglock.RunHistory(d))
+	pglock.NewWithStore(store, pglock.TTL(d), pglock.WithLogger(logger))
+	c.TryAcquire(ctx, "k", pglock.TTL(d))
+	c.Acquire(ctx, "k", pglock.TTL(d), pglock.Wait(d))
+	c.WithLock(ctx, "k", fn, pglock.TTL(d), pglock.Wait(d))
+	c.Job("k", fn, pglock.TTL(d), pglock.OnOneInstance(), pglock.WithoutOverlapping())
+	c.Elect("k", leader, pglock.TTL(d))
+	c.GocronElector("k", pglock.TTL(d))
+	c.GocronLocker(pglock.TTL(d))
+	every := []pglock.Option{pglock.TTL(d)}
+	c.TryAcquire(ctx, "k", every[0])
+	client := []pglock.ClientOption{pglock.TTL(d), pglock.WithLogger(logger)}
+	pglock.NewWithStore(store, client...)
+	var none pglock.Option // compiles; fails at run time (TestBadInputGetsAClearErrorAndTouchesNothing)
+	c.TryAcquire(ctx, "k", none)
+`
+
+// optionProgram is a program of its own that runs code in an environment of pglock's
+// values.
+func optionProgram(code string) string {
+	return fmt.Sprintf(`package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgfence/pglock"
+)
+
+type ownOption struct{}
+
+func (ownOption) everyOption() {}
+
+func main() {}
+
+func calls(ctx context.Context, c *pglock.Client, pool *pgxpool.Pool, store pglock.Store, logger *slog.Logger,
+	clock pglock.Clock, d time.Duration, fn func(context.Context) error, leader pglock.LeaderCallbacks) {
+	_ = ownOption{}
+//line calls.go:1
+	%s
+}
+`, code)
+}
+
+// A misplaced option does not compile, and the compiler's message names the option and
+// the option type the call wants; the options that fit compile. All the programs build
+// in one go build of a temporary module whose pglock is this directory, from the module
+// cache alone (GOPROXY=off).
+func TestMisplacedOptionsDoNotCompile(t *testing.T) {
+	t.Parallel()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build programs with: %v", err)
+	}
+	repo, err := filepath.Abs(".")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	write := func(name, text string) {
+		t.Helper()
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
+	}
+	write("go.mod", fmt.Sprintf("module misplaced\n\ngo 1.26\n\nrequire github.com/pgfence/pglock v0.0.0\n\nreplace github.com/pgfence/pglock => %s\n", repo))
+	sum, err := os.ReadFile(filepath.Join(repo, "go.sum")) // pglock's dependencies, not to be looked up
+	require.NoError(t, err)
+	write("go.sum", string(sum))
+	write("fitting/main.go", optionProgram(fittingOptions))
+	for _, tc := range misplacedOptions {
+		write(tc.name+"/main.go", optionProgram(tc.code))
+	}
+
+	cmd := exec.Command(goTool, "build", "-json", "./...")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.Error(t, err, "every program built")
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "go build did not run: %s", stderr.String())
+
+	// build-output events carry the compiler's messages, by package.
+	messages := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var ev struct{ ImportPath, Action, Output string }
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &ev), "%s", sc.Bytes())
+		if ev.Action == "build-output" {
+			messages[strings.TrimPrefix(ev.ImportPath, "misplaced/")] += ev.Output
+		}
+	}
+	require.NoError(t, sc.Err())
+	require.Empty(t, messages["fitting"], "the options that fit do not compile")
+	for _, tc := range misplacedOptions {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := messages[tc.name]
+			require.NotEmpty(t, msg, "%s compiled, or go build said nothing of it: %s", tc.code, stderr.String())
+			lines := slices.DeleteFunc(strings.Split(strings.TrimSpace(msg), "\n"), func(l string) bool {
+				return strings.HasPrefix(l, "#")
+			})
+			require.Len(t, lines, 1, "one error, the option's:\n%s", msg)
+			require.Contains(t, lines[0], "calls.go:1:", "the error is not at the call")
+			require.Contains(t, lines[0], "cannot use "+tc.option)
+			require.Contains(t, lines[0], tc.want)
+		})
+	}
+	t.Logf("for example: %s", strings.TrimSpace(messages[misplacedOptions[0].name]))
+}
