@@ -134,7 +134,8 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 // Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
 // when fn returned nil, a *LockLostError if the lock was lost before its release,
 // ErrClosed if Close left it to expire, or the release's error.
-func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) (err error) {
+func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error,
+	opts ...AcquireOption) (err error) {
 	start := c.clock.Now()
 	if fn == nil {
 		return c.acquireFailed(key, start, invalidArg("WithLock: nil fn"))
