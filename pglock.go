@@ -61,9 +61,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Client, error) {
 	return newClient(NewPostgresStore(pool), "New", append([]Option{listenOn(pool.Config().ConnConfig)}, opts...))
 }
 
-// NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
-// your own that passes pglocktest.TestStore. Errors wrap ErrInvalidArgument and name
-// the option at fault.
+// NewWithStore returns a Client on store: one of NewPostgresStore or NewSQLStore, or
+// NewMemoryStore for one process (tests). Store says why there are no others. Errors
+// wrap ErrInvalidArgument and name the option at fault.
 func NewWithStore(store Store, opts ...Option) (*Client, error) {
 	if store == nil {
 		return nil, invalidArg("NewWithStore: nil store")
