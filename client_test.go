@@ -131,9 +131,9 @@ func TestStoreOnNilFailsWithAClearError(t *testing.T) {
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 			_, err = store.Release(t.Context(), "k", "o")
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.(pglock.BatchRenewer).RenewMany(t.Context(), []string{"k"}, []string{"o"}, time.Second)
+			_, err = pglock.StoreRenewMany(t.Context(), store, []string{"k"}, []string{"o"}, time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.(pglock.HolderReader).Holder(t.Context(), "k")
+			_, err = pglock.StoreHolder(t.Context(), store, "k")
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 		})
 	}
@@ -191,7 +191,7 @@ func TestStoreRejectsBadCalls(t *testing.T) {
 			require.ErrorIs(t, err, pglock.ErrInvalidKey)
 		})
 	}
-	_, err := pglock.NewPostgresStore(pool).(pglock.BatchRenewer).RenewMany(t.Context(), []string{"a"}, nil, time.Second)
+	_, err := pglock.StoreRenewMany(t.Context(), pglock.NewPostgresStore(pool), []string{"a"}, nil, time.Second)
 	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 	require.Zero(t, lockRows(t, pool))
 }

@@ -49,6 +49,16 @@
 // by the lock itself, which only works because the lock lives in the same database as
 // the data.
 //
+// # Stores
+//
+// A Client keeps its locks in a Store: New makes one on its pool, and NewWithStore takes
+// one of NewPostgresStore (pgx: a pool, a connection, a transaction), NewSQLStore
+// (database/sql) or NewMemoryStore (one process, for tests). There are no others, and
+// Store cannot be implemented outside this package: every atomic check runs in
+// PostgreSQL, on the database clock, in the SQL functions that Migrate installs, which
+// a store written elsewhere could not stand in for, and most of a Client needs more of
+// a store than Store's three methods (see Store).
+//
 // # Shutdown
 //
 // Close a Client at shutdown so that its leases are handed back at once instead of

@@ -266,7 +266,7 @@ func TestFencedTxWithAnOlderSnapshotNeverWrites(t *testing.T) {
 					require.NoError(t, tx.QueryRow(ctx, "SELECT n FROM stock WHERE id = 1").Scan(&n)) // the snapshot
 
 					require.NoError(t, takeover.take(ctx, pool, store))
-					holder, err := store.(pglock.HolderReader).Holder(ctx, "fenced:a")
+					holder, err := pglock.StoreHolder(ctx, store, "fenced:a")
 					require.NoError(t, err)
 					require.Equal(t, "new", holder.Owner)
 					require.Greater(t, holder.Token, old)

@@ -62,7 +62,7 @@ func FuzzKeys(f *testing.F) {
 		l, err := c.TryAcquire(ctx, key)
 		if key == "" || utf8.RuneCountInString(key) > pglock.MaxKeyLength || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
 			requirePglockError(t, err, pglock.ErrInvalidKey)
-			_, err = store.(pglock.HolderReader).Holder(ctx, key)
+			_, err = pglock.StoreHolder(ctx, store, key)
 			requirePglockError(t, err, pglock.ErrInvalidKey)
 			_, err = c.Job(key, func(context.Context) error { return nil }, pglock.OnOneInstance())
 			requirePglockError(t, err, pglock.ErrInvalidKey)
@@ -72,17 +72,17 @@ func FuzzKeys(f *testing.F) {
 		require.Equal(t, key, l.Key())
 		require.True(t, strings.HasPrefix(l.Owner(), instance+"/"), "owner %q", l.Owner())
 
-		h, err := store.(pglock.HolderReader).Holder(ctx, key)
+		h, err := pglock.StoreHolder(ctx, store, key)
 		require.NoError(t, err)
-		require.Equal(t, pglock.Holder{Held: true, Owner: l.Owner(), Token: l.Token(), ExpiresIn: h.ExpiresIn}, h)
-		renewed, err := sqlStore.(pglock.BatchRenewer).RenewMany(ctx, []string{key}, []string{l.Owner()}, time.Minute)
+		require.Equal(t, pglock.LockInfo{Key: key, Owner: l.Owner(), Instance: instance, Token: l.Token(), Held: true, ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}, h)
+		renewed, err := pglock.StoreRenewMany(ctx, sqlStore, []string{key}, []string{l.Owner()}, time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, []string{key}, renewed, "the database/sql store's array literal changed the key")
 
 		_, err = c.TryAcquire(ctx, key)
 		require.ErrorIs(t, err, pglock.ErrNotAcquired, "the key is held, under exactly this spelling")
 		require.NoError(t, l.Release(ctx))
-		h, err = store.(pglock.HolderReader).Holder(ctx, key)
+		h, err = pglock.StoreHolder(ctx, store, key)
 		require.NoError(t, err)
 		require.False(t, h.Held)
 	})
@@ -141,7 +141,7 @@ func FuzzTTL(f *testing.F) {
 			return // a ttl shorter than the round trip: the confirmation came too late to trust
 		}
 		require.NoError(t, err)
-		h, err := store.(pglock.HolderReader).Holder(ctx, "fuzz-ttl")
+		h, err := pglock.StoreHolder(ctx, store, "fuzz-ttl")
 		require.NoError(t, err)
 		if h.Held { // a ttl of a few ms may be over already
 			require.Equal(t, l.Token(), h.Token)

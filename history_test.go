@@ -167,7 +167,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 	var rows int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pglock.job_skips").Scan(&rows))
 	require.Equal(t, 1, rows, "one counter for 7 skips")
-	jobs, err := owner.Jobs(ctx)
+	jobs, err := owner.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
 	s := jobs[0]
@@ -193,7 +193,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 		require.NoError(t, jx.Run(ctx))
 	}
 	require.NoError(t, again.Close(ctx))
-	jobs, err = again.Jobs(ctx)
+	jobs, err = again.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, jobs[0].Skips[0].Count)
 }
@@ -233,7 +233,7 @@ func TestJobRunHistoryLastFailureAndRunInProgress(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, c.Close(ctx))
 
-	jobs, err := c.Jobs(ctx)
+	jobs, err := c.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
 	require.Equal(t, pglock.OutcomeOK, jobs[0].LastRun.Outcome)
@@ -345,7 +345,7 @@ func TestJobRunHistoryOff(t *testing.T) {
 	runs, err := a.JobRuns(ctx, job, 10)
 	require.NoError(t, err)
 	require.Empty(t, runs)
-	jobs, err := a.Jobs(ctx)
+	jobs, err := a.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Empty(t, jobs)
 }
@@ -419,7 +419,7 @@ func TestJobRunHistoryInMemory(t *testing.T) {
 	require.Equal(t, pglock.OutcomeError, runs[0].Outcome)
 	require.Equal(t, "boom", runs[0].Err)
 	require.WithinDuration(t, clock.Now(), runs[0].Ended, 3*time.Second) // written at Close, after the Advance
-	jobs, err := b.Jobs(ctx)
+	jobs, err := b.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
 	require.Equal(t, runs[0], *jobs[0].LastFailure)
@@ -461,9 +461,9 @@ func TestJobRunHistoryBadInput(t *testing.T) {
 		_, err := c.JobRuns(ctx, "job", 1)
 		require.ErrorIs(t, err, errors.ErrUnsupported)
 		require.ErrorContains(t, err, "pglock: job runs: pglock_test.plainStore keeps no run history")
-		_, err = c.Jobs(ctx)
+		_, err = c.JobStatuses(ctx)
 		require.ErrorIs(t, err, errors.ErrUnsupported)
-		require.ErrorContains(t, err, "pglock: jobs: ")
+		require.ErrorContains(t, err, "pglock: job statuses: ")
 		// Its jobs run as before, unrecorded.
 		j, err := c.Job("plain:job", func(context.Context) error { return nil }, pglock.OnOneInstance())
 		require.NoError(t, err)
@@ -512,7 +512,7 @@ func TestJobRunHistoryThroughDatabaseSQL(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, runs, 1)
 			require.Equal(t, "nope", runs[0].Err)
-			jobs, err := a.Jobs(ctx)
+			jobs, err := a.JobStatuses(ctx)
 			require.NoError(t, err)
 			require.Len(t, jobs, 1)
 			require.Equal(t, runs[0], *jobs[0].LastFailure)

@@ -2,7 +2,6 @@ package pglock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -11,7 +10,8 @@ import (
 )
 
 // LockInfo is one lock as the store sees it, on the store's clock (the database's, for
-// the PostgreSQL store): what Client.Locks lists and Client.ForceRelease broke.
+// the PostgreSQL store): what Client.Locks lists, Client.ForceRelease broke and
+// Election.Leader reads.
 type LockInfo struct {
 	Key string
 	// Owner is the owner id of the last acquisition ("<instance>/<suffix>"), kept
@@ -33,21 +33,8 @@ type LockInfo struct {
 	// Waiting says a waiter has marked the held key wanted, so that its release
 	// notifies (PostgreSQL store: the row's wanted_at). The mark stays until the next
 	// release, so it may outlive a waiter that gave up. Always false when not Held,
-	// and on the memory store.
+	// on the memory store, and from Election.Leader.
 	Waiting bool
-}
-
-// inspector is a store's capability of listing its locks and breaking one (see
-// Client.Locks and Client.ForceRelease). The PostgreSQL and memory stores have it.
-type inspector interface {
-	// listLocks returns the locks whose key starts with prefix, sorted by key byte by
-	// byte, never nil.
-	listLocks(ctx context.Context, prefix string) ([]LockInfo, error)
-	// forceRelease ends the lease of key's live holder, whoever it is, so that its
-	// renewals are refused and the next acquisition gets a greater token, and returns
-	// the lock as it was just before; Held false (and nothing changed) when no live
-	// holder had key.
-	forceRelease(ctx context.Context, key string) (LockInfo, error)
 }
 
 // Locks lists the locks whose key starts with prefix ("" lists all), sorted by key
@@ -63,8 +50,8 @@ type inspector interface {
 // is not valid UTF-8, contains a NUL byte or is longer than MaxKeyLength characters is
 // ErrInvalidArgument. Store errors are "pglock: list locks"-prefixed and wrap the
 // driver's (a missing schema, or one older than this library, says to run Migrate; a
-// role without EXECUTE, what to grant). On a store other than the PostgreSQL and
-// memory stores it returns an error wrapping errors.ErrUnsupported.
+// role without EXECUTE, what to grant). On a type that embeds a Store it returns an
+// error wrapping errors.ErrUnsupported.
 func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	if !validText(prefix) {
 		return nil, invalidArg("Locks: prefix %q is not valid UTF-8 or contains a NUL byte", prefix)
@@ -72,11 +59,11 @@ func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	if n := utf8.RuneCountInString(prefix); n > MaxKeyLength {
 		return nil, invalidArg("Locks: prefix has %d characters, the most a key has is %d", n, MaxKeyLength)
 	}
-	in, ok := c.store.(inspector)
-	if !ok {
-		return nil, fmt.Errorf("pglock: list locks: %T cannot list its locks: %w", unwatched(c.store), errors.ErrUnsupported)
+	b, err := c.backend("list locks", "cannot list its locks")
+	if err != nil {
+		return nil, err
 	}
-	return in.listLocks(ctx, prefix)
+	return b.listLocks(ctx, prefix)
 }
 
 // ForceRelease breaks the lock on key whoever holds it, on any instance, and returns
@@ -102,17 +89,17 @@ func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
 // error matches ctx.Err() and nothing is broken. ErrNotHeld (the LockInfo zero) when no
 // live holder has key: free, released, expired or never used. An invalid key is
 // ErrInvalidKey. Store errors are "pglock: force release"-prefixed and wrap the
-// driver's; on a store other than the PostgreSQL and memory stores it returns an error
-// wrapping errors.ErrUnsupported. The break is logged at Warn (key, owner, token).
+// driver's; on a type that embeds a Store it returns an error wrapping
+// errors.ErrUnsupported. The break is logged at Warn (key, owner, token).
 func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error) {
 	if err := checkKey(key); err != nil {
 		return LockInfo{}, err
 	}
-	in, ok := c.store.(inspector)
-	if !ok {
-		return LockInfo{}, fmt.Errorf("pglock: force release: %T cannot break a lock: %w", unwatched(c.store), errors.ErrUnsupported)
+	b, err := c.backend("force release", "cannot break a lock")
+	if err != nil {
+		return LockInfo{}, err
 	}
-	info, err := in.forceRelease(ctx, key)
+	info, err := b.forceRelease(ctx, key)
 	if err != nil {
 		return LockInfo{}, err
 	}

@@ -104,21 +104,22 @@ func (e *Election) Resign(ctx context.Context) error {
 	return e.stop(ctx, ErrResigned)
 }
 
-// Leader reads who leads now from the store: Held is false when nobody does (the lease
-// is free or expired), else Owner, Token and ExpiresIn (on the store's clock) describe
-// the current lease. It may name another instance while this one's IsLeader is still
-// true: see IsLeader. ctx bounds the store call. It returns ErrClosed after Close, an
-// error wrapping errors.ErrUnsupported when the store is not a HolderReader, or the
-// store's error.
-func (e *Election) Leader(ctx context.Context) (Holder, error) {
+// Leader reads who leads now from the store, as a LockInfo of the election's key: Held
+// is false when nobody does (the lease is free, released or expired), and then every
+// field but Key is zero; else Owner, Instance, Token, ExpiresAt and ExpiresIn (on the
+// store's clock) describe the current lease. Waiting is always false. It may name
+// another instance while this one's IsLeader is still true: see IsLeader. ctx bounds
+// the store call. It returns ErrClosed after Close, an error wrapping
+// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
+func (e *Election) Leader(ctx context.Context) (LockInfo, error) {
 	if e.c.isClosed() {
-		return Holder{}, ErrClosed
+		return LockInfo{}, ErrClosed
 	}
-	r, ok := e.c.store.(HolderReader)
-	if !ok {
-		return Holder{}, fmt.Errorf("pglock: Leader: the store does not implement HolderReader: %w", errors.ErrUnsupported)
+	b, err := e.c.backend("read the leader", "cannot read who holds a key")
+	if err != nil {
+		return LockInfo{}, err
 	}
-	return r.Holder(ctx, e.key)
+	return b.holder(ctx, e.key)
 }
 
 // stop ends the election with why (the first why wins) and waits until it has ended

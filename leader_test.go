@@ -156,7 +156,7 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	for i, e := range elections {
 		h, err := e.Leader(ctx)
 		require.NoError(t, err)
-		require.Equal(t, pglock.Holder{Held: true, Owner: first.lock.Owner(), Token: first.lock.Token(), ExpiresIn: h.ExpiresIn}, h)
+		require.Equal(t, leaseOf(first.lock, h), h)
 		require.Positive(t, h.ExpiresIn)
 		require.LessOrEqual(t, h.ExpiresIn, leaderTTL)
 		require.Equal(t, i == 0, e.IsLeader())
@@ -441,18 +441,21 @@ func TestLeaderReadsTheHolderFromTheStore(t *testing.T) {
 	l := next(t, locks, "OnAcquired")
 	h, err := e.Leader(ctx)
 	require.NoError(t, err)
-	require.Equal(t, pglock.Holder{Held: true, Owner: l.Owner(), Token: l.Token(), ExpiresIn: time.Minute}, h)
+	expires := clock.Now().Add(time.Minute)
+	require.Equal(t, pglock.LockInfo{Key: feedKey, Owner: l.Owner(), Instance: instanceOf(l), Token: l.Token(), Held: true,
+		ExpiresAt: expires, ExpiresIn: time.Minute}, h)
 	clock.Advance(10 * time.Second)
 	h, err = e.Leader(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 50*time.Second, h.ExpiresIn)
+	require.Equal(t, expires, h.ExpiresAt)
 	require.NoError(t, e.Resign(ctx))
 	h, err = e.Leader(ctx)
 	require.NoError(t, err)
-	require.Equal(t, pglock.Holder{}, h, "nobody leads")
+	require.Equal(t, pglock.LockInfo{Key: feedKey}, h, "nobody leads")
 }
 
-// plainStore hides every optional capability of the store it wraps.
+// plainStore embeds a store: it has Store's three calls and nothing more.
 type plainStore struct{ pglock.Store }
 
 func TestLeaderBadCalls(t *testing.T) {
@@ -465,7 +468,7 @@ func TestLeaderBadCalls(t *testing.T) {
 		ctx   func(context.Context) context.Context
 		want  error
 	}{
-		{"StoreWithoutHolderReader", plainStore{pglock.NewMemoryStore(nil)}, nil, errors.ErrUnsupported},
+		{"StoreThatEmbedsAStore", plainStore{pglock.NewMemoryStore(nil)}, nil, errors.ErrUnsupported},
 		{"CancelledCtx", pglock.NewPostgresStore(pool), func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithCancel(ctx)
 			cancel()

@@ -34,7 +34,7 @@ func openSQL(t *testing.T, driver, dbURL string) *sql.DB {
 func TestLibPQStoreContract(t *testing.T) {
 	t.Parallel()
 	db := openSQL(t, "postgres", pglocktest.PostgresURL(t))
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {
@@ -50,7 +50,7 @@ func TestLibPQStoreContractAsAnApplicationRole(t *testing.T) {
 	t.Parallel()
 	dbURL := pglocktest.PostgresURL(t)
 	db := openSQL(t, "postgres", newRole(t, dbURL, appGrants...))
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, pglocktest.ContractOptions{Concurrent: true})
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{Concurrent: true})
 
 	denied := pglock.NewSQLStore(openSQL(t, "postgres", newRole(t, dbURL, appGrants[0])))
 	_, _, err := denied.Acquire(t.Context(), "libpq:k", "o", time.Minute)

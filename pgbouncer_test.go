@@ -88,7 +88,7 @@ func TestPgBouncerStoreContract(t *testing.T) {
 	bouncerURL, directURL := behindPgBouncer(t)
 	pool := bouncerPool(t, bouncerURL, 20)
 	direct := pglocktest.Pool(t, directURL, 2)
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {

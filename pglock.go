@@ -62,9 +62,9 @@ func New(pool *pgxpool.Pool, opts ...ClientOption) (*Client, error) {
 	return newClient(NewPostgresStore(pool), "New", append([]ClientOption{listenOn(pool.Config().ConnConfig)}, opts...))
 }
 
-// NewWithStore returns a Client on store: NewMemoryStore for one process, or a store of
-// your own that passes pglocktest.TestStore. Errors wrap ErrInvalidArgument and name
-// the option at fault.
+// NewWithStore returns a Client on store: one of NewPostgresStore or NewSQLStore, or
+// NewMemoryStore for one process (tests). Store says why there are no others. Errors
+// wrap ErrInvalidArgument and name the option at fault.
 func NewWithStore(store Store, opts ...ClientOption) (*Client, error) {
 	if store == nil {
 		return nil, invalidArg("NewWithStore: nil store")

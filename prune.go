@@ -2,23 +2,12 @@ package pglock
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 )
 
 // pruneBatch is how many rows one prune statement deletes at most: each is a short
 // transaction, and rows it has locked cost an acquisition of their key that attempt.
 const pruneBatch = 1000
-
-// pruner is a store's capability of deleting locks released or expired long ago (see
-// Client.Prune). The PostgreSQL and memory stores have it.
-type pruner interface {
-	// prune deletes up to limit locks whose lease ended (released or expired) more
-	// than olderThan ago, never a live one, keeping the token rule, and returns how
-	// many it deleted. It returns 0 at once when another prune is running.
-	prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
-}
 
 // Prune deletes the store's locks whose lease ended, released or expired, more than
 // olderThan ago, and returns how many it deleted. A key is kept after its release so
@@ -38,10 +27,10 @@ type pruner interface {
 // It deletes in batches of 1000 rows, each one statement, until a batch deletes fewer
 // or another instance's prune is running. ctx bounds the whole; when it ends, Prune
 // returns what it deleted so far and ctx's error. A negative olderThan is
-// ErrInvalidArgument and deletes nothing. On a store other than the PostgreSQL and
-// memory stores it returns an error wrapping errors.ErrUnsupported. It is safe for
-// concurrent use. Each call scans the table (expires_at has no index, so that renewals
-// stay HOT updates): run it every few minutes, from a job for instance:
+// ErrInvalidArgument and deletes nothing. On a type that embeds a Store it returns an
+// error wrapping errors.ErrUnsupported. It is safe for concurrent use. Each call scans
+// the table (expires_at has no index, so that renewals stay HOT updates): run it every
+// few minutes, from a job for instance:
 //
 //	prune, err := client.Job("pglock:prune", func(ctx context.Context) error {
 //		_, err := client.Prune(ctx, time.Hour)
@@ -53,16 +42,16 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 	if olderThan < 0 {
 		return 0, invalidArg("Prune: olderThan %v is negative", olderThan)
 	}
-	p, ok := c.store.(pruner)
-	if !ok {
-		return 0, fmt.Errorf("pglock: prune: %T cannot prune: %w", unwatched(c.store), errors.ErrUnsupported)
+	b, err := c.backend("prune", "cannot prune")
+	if err != nil {
+		return 0, err
 	}
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := p.prune(ctx, olderThan, pruneBatch)
+		n, err := b.prune(ctx, olderThan, pruneBatch)
 		total += n
 		if err != nil || n < pruneBatch {
 			return total, err

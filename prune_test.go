@@ -409,7 +409,7 @@ func TestPruneOnTheMemoryStore(t *testing.T) {
 	n, err = c.Prune(ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "released-now")
-	holder, err := store.(pglock.HolderReader).Holder(ctx, "live")
+	holder, err := pglock.StoreHolder(ctx, store, "live")
 	require.NoError(t, err)
 	require.True(t, holder.Held, "a live lock is never pruned")
 	require.Greater(t, acquire(t, store, "released", time.Minute), old)

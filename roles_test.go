@@ -96,7 +96,7 @@ func appRoleDB(t *testing.T) (admin, app *pgxpool.Pool) {
 func TestRoleWithReadmeGrantsPassesTheStoreContract(t *testing.T) {
 	t.Parallel()
 	admin, app := appRoleDB(t)
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(app) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(app) }, contractOptions{
 		Concurrent: true,
 		RewindTokens: func(t testing.TB) { // the application itself may not
 			_, err := admin.Exec(t.Context(), "ALTER SEQUENCE pglock.fencing_token_seq RESTART")
@@ -184,7 +184,7 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, runs, 1)
 		require.Equal(t, "role-app", runs[0].Instance)
-		jobs, err := c.Jobs(ctx)
+		jobs, err := c.JobStatuses(ctx)
 		require.NoError(t, err)
 		i := slices.IndexFunc(jobs, func(s pglock.JobStatus) bool { return s.Job == "role:history" })
 		require.GreaterOrEqual(t, i, 0)
@@ -244,7 +244,7 @@ func TestRoleWithReadmeGrantsCannotWriteTheLocksOrTheSequence(t *testing.T) {
 		_, err := app.Exec(ctx, q)
 		requireSQLState(t, err, "42501") // insufficient_privilege
 	}
-	h, err := pglock.NewPostgresStore(app).(pglock.HolderReader).Holder(ctx, "role:victim")
+	h, err := pglock.StoreHolder(ctx, pglock.NewPostgresStore(app), "role:victim")
 	require.NoError(t, err)
 	require.Equal(t, "holder", h.Owner)
 	require.Equal(t, token, h.Token)
@@ -271,9 +271,9 @@ func TestRoleWithoutGrantsGetsAnErrorThatSaysWhatToGrant(t *testing.T) {
 			requireSQLState(t, err, "42501")
 			_, err = store.Release(ctx, "role:k", "o")
 			requireSQLState(t, err, "42501")
-			_, err = store.(pglock.HolderReader).Holder(ctx, "role:k")
+			_, err = pglock.StoreHolder(ctx, store, "role:k")
 			requireSQLState(t, err, "42501")
-			_, err = store.(pglock.BatchRenewer).RenewMany(ctx, []string{"role:k"}, []string{"o"}, time.Minute)
+			_, err = pglock.StoreRenewMany(ctx, store, []string{"role:k"}, []string{"o"}, time.Minute)
 			requireSQLState(t, err, "42501")
 			c := newClient(t, store, quiet, pglock.WithoutListener())
 			_, err = c.Locks(ctx, "")

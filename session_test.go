@@ -76,7 +76,7 @@ func TestSessionSettingsKeepTheStoreContract(t *testing.T) {
 			dbURL := pglocktest.PostgresURL(t)
 			admin := pglocktest.Pool(t, dbURL, 2)
 			pool := sessionPool(t, dbURL, 20, s.params)
-			pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, pglocktest.ContractOptions{
+			testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
 				// The store retries what 40001 rolled back: the races run too.
 				Concurrent: !slices.Contains(s.raceFails, "55P03"),
 				RewindTokens: func(t testing.TB) {
@@ -108,7 +108,7 @@ func TestSessionSettingsKeepALocksMeaning(t *testing.T) {
 				"SELECT expires_at - clock_timestamp() FROM pglock.locks WHERE key = 'session:k'").Scan(&left))
 			require.Greater(t, left, time.Second)
 			require.LessOrEqual(t, left, 2*time.Second)
-			h, err := store.(pglock.HolderReader).Holder(ctx, "session:k")
+			h, err := pglock.StoreHolder(ctx, store, "session:k")
 			require.NoError(t, err)
 			require.Equal(t, "a", h.Owner)
 			require.Greater(t, h.ExpiresIn, time.Second)
@@ -390,7 +390,7 @@ func TestSessionSnapshotIsolationPruneRacingReleases(t *testing.T) {
 			})
 			wg.Wait()
 			t.Logf("pruned %d rows; prunes failed with 40001: %d; acquire/release failed: %d", pruned.Load(), pruneFailed.Load(), churnFailed.Load())
-			h, err := store.(pglock.HolderReader).Holder(ctx, "session:live")
+			h, err := pglock.StoreHolder(ctx, store, "session:live")
 			require.NoError(t, err)
 			require.Equal(t, live, h.Token, "a live lock is never pruned")
 		})

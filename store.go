@@ -2,6 +2,8 @@ package pglock
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -9,7 +11,23 @@ import (
 // expiry on the store's own clock: of any number of concurrent callers of Acquire for
 // one key, exactly one wins. An expired lock does not exist for any method.
 //
-// pglocktest.TestStore checks an implementation against this contract.
+// Store is closed: NewPostgresStore, NewSQLStore and NewMemoryStore make the only
+// stores there are, and nothing outside this package can implement it. Every atomic
+// check of pglock runs in PostgreSQL, on the database clock, in SQL functions that
+// Migrate installs (lock_acquire, lock_renew_many, lock_held for fenced writes, the
+// NOTIFY of a release, the job history, lock_prune): a store written elsewhere could
+// give neither those guarantees nor what fencing tokens and the history mean, and
+// most of a Client (Locks, ForceRelease, Prune, the job history, the listener that
+// wakes waiters, batched renewal, Election.Leader) needs far more of a store than the
+// three methods below. The memory store is there for tests: NewWithStore on
+// NewMemoryStore runs a Client in one process, on a clock the test moves.
+//
+// A type that embeds a Store is a Store too: the client makes its lock calls through
+// that type's Acquire, Renew and Release (how a test injects a fault), and renews its
+// locks one by one. Such a type has nothing else: Locks, ForceRelease, Prune, JobRuns,
+// JobStatuses and Election.Leader on it return an error wrapping
+// errors.ErrUnsupported, jobs run without a history, and waiters poll rather than
+// being woken by a release.
 type Store interface {
 	// Acquire takes key for owner for ttl if no live lock holds it, and returns its
 	// fencing token: positive, and greater than every token the key had before.
@@ -20,35 +38,60 @@ type Store interface {
 	Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error)
 	// Release gives key back if owner still holds it live, and reports whether it did.
 	Release(ctx context.Context, key, owner string) (bool, error)
+
+	// pglockStore seals the interface: only this package's stores have it, and a
+	// type that embeds one of them.
+	pglockStore()
 }
 
-// BatchRenewer is an optional Store capability: renewing many locks in one call. The
-// Client's renewer uses it when the store has it. keys and owners have the same
-// length, and keys has no duplicates; renewed lists the keys whose (key, owner) was
-// still held live and was renewed.
-type BatchRenewer interface {
-	RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error)
+// backend is everything a Client asks of a store beyond Store's three calls. The
+// stores of NewPostgresStore, NewSQLStore and NewMemoryStore have it all; a type
+// that embeds a Store has none of it (see Store), and Client.backend says so.
+//
+// It is not part of Store itself on purpose: a type that embeds a Store would then
+// have these methods too, promoted from the store inside it, and the client would
+// renew, read and write around the Acquire, Renew and Release that the type changed.
+type backend interface {
+	Store
+
+	// renewMany renews many locks of one ttl in one call. keys and owners have the
+	// same length, and keys has no duplicates; renewed lists the keys whose (key,
+	// owner) was still held live and was renewed.
+	renewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error)
+	// holder returns key's live lease (see Election.Leader): Held false, and every
+	// field but Key zero, when the key is free, released or expired.
+	holder(ctx context.Context, key string) (LockInfo, error)
+
+	// listLocks returns the locks whose key starts with prefix, sorted by key byte by
+	// byte, never nil (see Client.Locks).
+	listLocks(ctx context.Context, prefix string) ([]LockInfo, error)
+	// forceRelease ends the lease of key's live holder, whoever it is, so that its
+	// renewals are refused and the next acquisition gets a greater token, and returns
+	// the lock as it was just before; Held false (and nothing changed) when no live
+	// holder had key (see Client.ForceRelease).
+	forceRelease(ctx context.Context, key string) (LockInfo, error)
+	// prune deletes up to limit locks whose lease ended (released or expired) more
+	// than olderThan ago, never a live one, keeping the token rule, and returns how
+	// many it deleted. It returns 0 at once when another prune is running (see
+	// Client.Prune).
+	prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error)
+
+	// recordRun records one run of a job; retention says how old the job's runs may
+	// get (see RunHistory).
+	recordRun(ctx context.Context, r runRecord, retention time.Duration) error
+	// recordSkips adds counts of skipped ticks of instance, one per job and reason.
+	recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) error
+	// jobRuns returns the last limit runs of job, newest first (see Client.JobRuns).
+	jobRuns(ctx context.Context, job string, limit int) ([]JobRun, error)
+	// jobStatuses returns every job with runs or skips (see Client.JobStatuses).
+	jobStatuses(ctx context.Context) ([]JobStatus, error)
 }
 
-// Holder is the live holder of a key, as a store sees it. The zero Holder means
-// nobody holds the key.
-type Holder struct {
-	Held      bool          // whether a live holder has the key; when not, the other fields are zero
-	Owner     string        // the holder's owner id: its instance name and a random suffix
-	Token     int64         // the fencing token of its acquisition
-	ExpiresIn time.Duration // how long the lock lives without another renewal, on the store's clock
-}
-
-// HolderReader is an optional Store capability: reading who holds a key, which
-// Election.Leader needs. The PostgreSQL and memory stores have it. Holder returns the
-// zero Holder when the key is free, released or expired.
-type HolderReader interface {
-	Holder(ctx context.Context, key string) (Holder, error)
-}
-
-// wantMarker is the PostgreSQL store's capability of marking a key wanted by a waiter,
-// so that its release notifies the listeners (see listener.go). wanted is true when a
-// live holder has the key and the mark is set; false means "try to acquire it now".
+// wantMarker is the PostgreSQL stores' capability of marking a key wanted by a waiter,
+// so that its release notifies the listeners (see listener.go). Only a store whose
+// releases NOTIFY has it, and only a Client with a listener uses it. wanted is true
+// when a live holder has the key and the mark is set; false means "try to acquire it
+// now".
 type wantMarker interface {
 	markWanted(ctx context.Context, key string) (wanted bool, err error)
 	// acquireOrWant is Store.Acquire that, when the key is held, marks it wanted in
@@ -56,4 +99,30 @@ type wantMarker interface {
 	// that the waiter parks without a markWanted round trip; acquired and wanted both
 	// false mean "try again now".
 	acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (token int64, acquired, wanted bool, err error)
+}
+
+// backend returns the client's store as a backend, for the call op (named in the
+// error) that needs what cannot describes. On a type that embeds a Store it returns an
+// error wrapping errors.ErrUnsupported.
+func (c *Client) backend(op, cannot string) (backend, error) {
+	b, ok := c.store.(backend)
+	if !ok {
+		return nil, fmt.Errorf("pglock: %s: %T %s: it embeds a Store, and such a type has only Acquire, Renew and Release: %w",
+			op, unwatched(c.store), cannot, errors.ErrUnsupported)
+	}
+	return b, nil
+}
+
+// checkRenewMany checks the arguments of backend.renewMany, as checkCall does one
+// lock's.
+func checkRenewMany(keys, owners []string, ttl time.Duration) error {
+	if len(keys) != len(owners) {
+		return invalidArg("renew many: %d keys and %d owners", len(keys), len(owners))
+	}
+	for i := range keys {
+		if err := checkCall(keys[i], owners[i], ttl); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -8,9 +8,10 @@ import (
 
 // NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
 // clock (nil means the real clock). It excludes callers in one process only: instances
-// of an application must share a PostgreSQL store instead. It implements HolderReader,
-// and Client.Prune, Client.Locks and Client.ForceRelease work on it.
-// It is safe for concurrent use.
+// of an application must share a PostgreSQL store instead: it is there for tests, as
+// NewWithStore(NewMemoryStore(clock), WithClock(clock)). Every feature of a Client
+// works on it but the listener, which needs PostgreSQL's NOTIFY: waiters poll. It is
+// safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
 		clock = realClock{}
@@ -31,6 +32,8 @@ type memoryLock struct {
 	token   int64
 	expires time.Time // the end of the lease: its expiry, or its release
 }
+
+func (s *memoryStore) pglockStore() {}
 
 // live returns key's lock if owner (any owner when "") holds it and it has not expired.
 func (s *memoryStore) live(key, owner string) *memoryLock {
@@ -66,12 +69,32 @@ func (s *memoryStore) Renew(_ context.Context, key, owner string, ttl time.Durat
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.renew(key, owner, ttl), nil
+}
+
+// renew renews key for owner if owner holds it live; s.mu is held.
+func (s *memoryStore) renew(key, owner string, ttl time.Duration) bool {
 	l := s.live(key, owner)
 	if l == nil {
-		return false, nil
+		return false
 	}
 	l.expires = s.clock.Now().Add(ttl)
-	return true, nil
+	return true
+}
+
+func (s *memoryStore) renewMany(_ context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	if err := checkRenewMany(keys, owners, ttl); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var renewed []string
+	for i, key := range keys {
+		if s.renew(key, owners[i], ttl) {
+			renewed = append(renewed, key)
+		}
+	}
+	return renewed, nil
 }
 
 func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error) {
@@ -108,15 +131,16 @@ func (s *memoryStore) prune(_ context.Context, olderThan time.Duration, limit in
 	return deleted, nil
 }
 
-func (s *memoryStore) Holder(_ context.Context, key string) (Holder, error) {
+func (s *memoryStore) holder(_ context.Context, key string) (LockInfo, error) {
 	if err := checkKey(key); err != nil {
-		return Holder{}, err
+		return LockInfo{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l := s.live(key, "")
-	if l == nil {
-		return Holder{}, nil
+	if l := s.locks[key]; l != nil {
+		if info := s.info(key, l, s.clock.Now()); info.Held {
+			return info, nil
+		}
 	}
-	return Holder{Held: true, Owner: l.owner, Token: l.token, ExpiresIn: l.expires.Sub(s.clock.Now())}, nil
+	return LockInfo{Key: key}, nil
 }

@@ -30,9 +30,9 @@ type Queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx. It
-// implements BatchRenewer and HolderReader, and Client.Prune, Client.Locks and
-// Client.ForceRelease work on it. Every call is one statement calling one of the
+// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx:
+// every feature of a Client works on it (with NewWithStore, a release wakes waiters
+// only given WithListenerConnString; else they poll). Every call is one statement calling one of the
 // schema's functions. It works behind PgBouncer in transaction mode whatever the pool's
 // DefaultQueryExecMode: the default mode's named prepared statements belong to one
 // server connection, which PgBouncer hands to another client at the end of each
@@ -88,8 +88,8 @@ type renewals struct {
 	cfg    *pgxpool.Config // the own pool's; nil: renewals go through the store as it is
 
 	mu     sync.Mutex
-	own    *pgxpool.Pool // nil until warm
-	store  Store         // on own
+	own    *pgxpool.Pool  // nil until warm
+	store  *postgresStore // on own
 	closed bool
 }
 
@@ -121,7 +121,7 @@ func (r *renewals) warm() {
 		return
 	}
 	if own, err := pgxpool.NewWithConfig(context.Background(), r.cfg); err == nil { // a copy of a working pool's configuration: no error seen
-		r.own, r.store = own, NewPostgresStore(own)
+		r.own, r.store = own, pgxStore(&pgxCalls{db: own, pooled: new(atomic.Bool)})
 	}
 }
 
@@ -129,7 +129,7 @@ func (r *renewals) warm() {
 // application's pool, taken at once; else the own pool's, where the call may wait for a
 // connection of its own to start or to come back from another renewal, never for the
 // application.
-func (r *renewals) with(ctx context.Context, f func(Store) error) error {
+func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
 	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {
 		for _, c := range idle[1:] {
 			c.Release()
@@ -148,7 +148,7 @@ func (r *renewals) with(ctx context.Context, f func(Store) error) error {
 }
 
 func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
-	err = r.with(ctx, func(s Store) (err error) {
+	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Renew(ctx, key, owner, ttl)
 		return err
 	})
@@ -156,8 +156,8 @@ func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Durati
 }
 
 func (r *renewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error) {
-	err = r.with(ctx, func(s Store) (err error) {
-		renewed, err = s.(BatchRenewer).RenewMany(ctx, keys, owners, ttl)
+	err = r.with(ctx, func(s *postgresStore) (err error) {
+		renewed, err = s.renewMany(ctx, keys, owners, ttl)
 		return err
 	})
 	return renewed, err
@@ -273,9 +273,9 @@ func withExecMode(args []any) []any {
 }
 
 // NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
-// users, with any PostgreSQL driver (pgx's stdlib, lib/pq). It implements BatchRenewer
-// and HolderReader, and Client.Prune, Client.Locks and Client.ForceRelease work on it.
-// On a database without the schema, or with one older than this library, every call
+// users, with any PostgreSQL driver (pgx's stdlib, lib/pq): every feature of a Client
+// works on it (a release wakes waiters only given WithListenerConnString; else they
+// poll). On a database without the schema, or with one older than this library, every call
 // fails with an error that says to run Migrate and wraps the driver's. With a nil db,
 // every call fails with an error wrapping ErrInvalidArgument, and NewWithStore refuses
 // the store.
@@ -387,14 +387,11 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 	return ok, nil
 }
 
-func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
-	if len(keys) != len(owners) {
-		return nil, invalidArg("renew many: %d keys and %d owners", len(keys), len(owners))
-	}
-	for i := range keys {
-		if err := checkCall(keys[i], owners[i], ttl); err != nil {
-			return nil, err
-		}
+func (s *postgresStore) pglockStore() {}
+
+func (s *postgresStore) renewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	if err := checkRenewMany(keys, owners, ttl); err != nil {
+		return nil, err
 	}
 	renewed, err := s.queryKeys(ctx, `SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)`,
 		s.array(keys), s.array(owners), ttlMillis(ttl))
@@ -404,21 +401,26 @@ func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, tt
 	return renewed, nil
 }
 
-func (s *postgresStore) Holder(ctx context.Context, key string) (Holder, error) {
+func (s *postgresStore) holder(ctx context.Context, key string) (LockInfo, error) {
 	if err := checkKey(key); err != nil {
-		return Holder{}, err
+		return LockInfo{}, err
 	}
 	var owner sql.NullString
 	var token, expiresInUS sql.NullInt64
-	err := s.queryRow(ctx, `SELECT owner, fencing_token, expires_in_us FROM pglock.lock_holder($1)`, key).
-		Scan(&owner, &token, &expiresInUS)
+	var readAt time.Time
+	// lock_holder reads the clock once more than this statement does: ExpiresAt is
+	// off by the microseconds between the two readings.
+	err := s.queryRow(ctx, `SELECT h.owner, h.fencing_token, h.expires_in_us, clock_timestamp() FROM pglock.lock_holder($1) h`, key).
+		Scan(&owner, &token, &expiresInUS, &readAt)
 	if err != nil {
-		return Holder{}, storeError(err, "read the holder of %q", key)
+		return LockInfo{}, storeError(err, "read the holder of %q", key)
 	}
 	if !owner.Valid {
-		return Holder{}, nil
+		return LockInfo{Key: key}, nil
 	}
-	return Holder{Held: true, Owner: owner.String, Token: token.Int64, ExpiresIn: time.Duration(expiresInUS.Int64) * time.Microsecond}, nil
+	in := time.Duration(expiresInUS.Int64) * time.Microsecond
+	return LockInfo{Key: key, Owner: owner.String, Instance: instanceOf(owner.String), Token: token.Int64, Held: true,
+		ExpiresAt: readAt.Add(in), ExpiresIn: in}, nil
 }
 
 func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error) {

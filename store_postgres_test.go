@@ -58,7 +58,7 @@ func TestSQLFunctionsGetTheTTLRoundedUp(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	rec := &recordingQueryer{Queryer: pool}
 	store := pglock.NewPostgresStore(rec)
-	batch := store.(pglock.BatchRenewer)
+	batch := batchStore{store}
 	for _, c := range []struct {
 		ttl  time.Duration
 		want int64

@@ -42,9 +42,9 @@ func TestRetryMessageCarriesArgumentsAsTheyAre(t *testing.T) {
 	key := `o'key\"` + "✓"
 	var token int64
 	require.NoError(t, one.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, "me'", ttlMillis(time.Minute)).Scan(&token))
-	h, err := NewPostgresStore(pool).(HolderReader).Holder(ctx, key)
+	h, err := NewPostgresStore(pool).(backend).holder(ctx, key)
 	require.NoError(t, err)
-	require.Equal(t, Holder{Held: true, Owner: "me'", Token: token, ExpiresIn: h.ExpiresIn}, h)
+	require.Equal(t, LockInfo{Key: key, Owner: "me'", Instance: "me'", Token: token, Held: true, ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}, h)
 
 	_, err = inline(`SELECT $1`, []any{1.5})
 	require.ErrorIs(t, err, errors.ErrUnsupported)

@@ -52,11 +52,11 @@ func TestStoreWithoutSchema(t *testing.T) {
 						return err
 					}},
 					{"renew 1 locks", func(ctx context.Context) error {
-						_, err := store.(pglock.BatchRenewer).RenewMany(ctx, []string{"k"}, []string{"o"}, time.Minute)
+						_, err := pglock.StoreRenewMany(ctx, store, []string{"k"}, []string{"o"}, time.Minute)
 						return err
 					}},
 					{`read the holder of "k"`, func(ctx context.Context) error {
-						_, err := store.(pglock.HolderReader).Holder(ctx, "k")
+						_, err := pglock.StoreHolder(ctx, store, "k")
 						return err
 					}},
 				}

@@ -2,10 +2,15 @@ package pglock_test
 
 import (
 	"database/sql"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5/stdlib" // and the "pgx" database/sql driver
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -15,7 +20,7 @@ import (
 func TestMemoryStoreContract(t *testing.T) {
 	t.Parallel()
 	clock := pglocktest.NewManualClock(time.Now())
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewMemoryStore(clock) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewMemoryStore(clock) }, contractOptions{
 		Concurrent:  true,
 		AdvanceTime: clock.Advance,
 	})
@@ -24,7 +29,7 @@ func TestMemoryStoreContract(t *testing.T) {
 func TestPostgresStoreContract(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t) // 20 connections, raced by 32 callers
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {
@@ -40,8 +45,158 @@ func TestSQLStoreContract(t *testing.T) {
 	require.NoError(t, err)
 	db.SetMaxOpenConns(20)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	pglocktest.TestStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, pglocktest.ContractOptions{
+	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{
 		Concurrent: true,
 		Callers:    32,
 	})
+}
+
+// leaseOf is the LockInfo that a read of l's key returns while l holds it, with h's
+// times (on the store's clock).
+func leaseOf(l *pglock.Lock, h pglock.LockInfo) pglock.LockInfo {
+	return pglock.LockInfo{Key: l.Key(), Owner: l.Owner(), Instance: instanceOf(l), Token: l.Token(), Held: true,
+		ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}
+}
+
+// instanceOf is the instance-name part of l's owner id.
+func instanceOf(l *pglock.Lock) string {
+	return l.Owner()[:strings.LastIndexByte(l.Owner(), '/')]
+}
+
+// Every store refuses bad input to its batched renewal and to its holder read before it
+// asks the database anything, with the error that names what is wrong, and renews
+// nothing of a batch that holds one bad entry.
+func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	long := strings.Repeat("k", pglock.MaxKeyLength+1)
+	renewals := []struct {
+		name         string
+		keys, owners []string
+		ttl          time.Duration
+		want         error
+		text         string
+	}{
+		{"more keys than owners", []string{"held", "b"}, []string{"o"}, time.Hour, pglock.ErrInvalidArgument, "2 keys and 1 owners"},
+		{"more owners than keys", nil, []string{"o"}, time.Hour, pglock.ErrInvalidArgument, "0 keys and 1 owners"},
+		{"an empty key", []string{"held", ""}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "empty"},
+		{"a key with NUL", []string{"held", "a\x00"}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "NUL"},
+		{"a key not UTF-8", []string{"held", "\xff"}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "UTF-8"},
+		{"a key too long", []string{"held", long}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "501 characters"},
+		{"an empty owner", []string{"held", "b"}, []string{"o", ""}, time.Hour, pglock.ErrInvalidArgument, "owner"},
+		{"an owner with NUL", []string{"held", "b"}, []string{"o", "o\x00"}, time.Hour, pglock.ErrInvalidArgument, "owner"},
+		{"a zero ttl", []string{"held"}, []string{"o"}, 0, pglock.ErrInvalidArgument, "ttl 0s"},
+		{"a negative ttl", []string{"held"}, []string{"o"}, -time.Second, pglock.ErrInvalidArgument, "ttl -1s"},
+		{"a ttl over the most", []string{"held"}, []string{"o"}, pglock.MaxTTL + time.Second, pglock.ErrInvalidArgument, "ttl"},
+	}
+	holders := []struct {
+		name, key, text string
+	}{
+		{"an empty key", "", "empty"},
+		{"a key with NUL", "a\x00", "NUL"},
+		{"a key not UTF-8", "\xff", "UTF-8"},
+		{"a key too long", long, "501 characters"},
+	}
+	for name, store := range map[string]pglock.Store{
+		"Postgres": pglock.NewPostgresStore(pool),
+		"SQL":      pglock.NewSQLStore(db),
+		"Memory":   pglock.NewMemoryStore(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			held := name + ":held"
+			_, ok, err := store.Acquire(ctx, held, "o", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			for _, tc := range renewals {
+				t.Run("RenewMany/"+tc.name, func(t *testing.T) {
+					keys := slices.Clone(tc.keys)
+					if len(keys) > 0 {
+						keys[0] = held
+					}
+					renewed, err := pglock.StoreRenewMany(ctx, store, keys, tc.owners, tc.ttl)
+					require.ErrorIs(t, err, tc.want)
+					require.ErrorContains(t, err, tc.text)
+					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+					require.Nil(t, renewed)
+					h, err := pglock.StoreHolder(ctx, store, held)
+					require.NoError(t, err)
+					require.True(t, h.Held)
+					require.LessOrEqual(t, h.ExpiresIn, time.Minute, "a batch with a bad entry renewed its good one")
+				})
+			}
+			for _, tc := range holders {
+				t.Run("Holder/"+tc.name, func(t *testing.T) {
+					h, err := pglock.StoreHolder(ctx, store, tc.key)
+					require.ErrorIs(t, err, pglock.ErrInvalidKey)
+					require.ErrorContains(t, err, tc.text)
+					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+					require.Zero(t, h)
+				})
+			}
+		})
+	}
+}
+
+// Store is closed: a type of another package with Store's three methods is no Store,
+// and the compiler says so; a type that embeds a Store is one (see Store).
+func TestStoreCannotBeImplementedOutsidePglock(t *testing.T) {
+	t.Parallel()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command:", err)
+	}
+	root, err := os.Getwd()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	require.NoError(t, err)
+	files := map[string]string{
+		"go.mod": "module storecheck\n\ngo 1.26.0\n\nrequire github.com/pgfence/pglock v0.0.0\n\n" +
+			"replace github.com/pgfence/pglock => " + root + "\n",
+		"go.sum": string(sum),
+		"outside/store.go": `package outside
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgfence/pglock"
+)
+
+type store struct{}
+
+func (store) Acquire(context.Context, string, string, time.Duration) (int64, bool, error) { return 1, true, nil }
+func (store) Renew(context.Context, string, string, time.Duration) (bool, error)          { return true, nil }
+func (store) Release(context.Context, string, string) (bool, error)                       { return true, nil }
+
+var _, _ = pglock.NewWithStore(store{})
+`,
+		"wrapper/store.go": `package wrapper
+
+import "github.com/pgfence/pglock"
+
+type store struct{ pglock.Store }
+
+var _, _ = pglock.NewWithStore(store{pglock.NewMemoryStore(nil)})
+`,
+	}
+	for name, text := range files {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
+	}
+	build := func(pkg string) (string, error) {
+		cmd := exec.CommandContext(t.Context(), goBin, "build", pkg)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := build("./wrapper")
+	require.NoError(t, err, "a type that embeds a Store:\n%s", out)
+	out, err = build("./outside")
+	require.Error(t, err, "a store written outside pglock compiled")
+	require.Contains(t, out, "store does not implement pglock.Store (missing method pglockStore)")
 }

@@ -203,63 +203,22 @@ func (k *calls) state() callState {
 	return s
 }
 
-// watch returns a Store that records each call of store in k, with the same optional
-// capabilities as store: the parts of a client find them by type assertion. A new
-// capability (an interface a part asserts on the Client's store) must be added here,
-// or a watched store hides it (TestWatchedStoreKeepsTheCapabilities lists them). The
-// unexported ones only the PostgreSQL and memory stores have, so a store of another
-// kind has at most BatchRenewer and HolderReader. A store with another set of
-// capabilities (none known) is returned as it is, unwatched.
+// watch returns a Store that records each call of store in k, with what store has
+// beyond Store (a backend, a wantMarker): the parts of a client find them by type
+// assertion, so the watched store has them exactly when store does
+// (TestWatchedStoreKeepsTheCapabilities). The PostgreSQL stores have both, the memory
+// store a backend, a type that embeds a Store neither.
 func watch(store Store, k *calls) Store {
-	base := watched{s: store, k: k}
-	batch, isBatch := store.(BatchRenewer)
-	holder, isHolder := store.(HolderReader)
-	marker, isMarker := store.(wantMarker)
-	prune, isPruner := store.(pruner)
-	insp, isInspector := store.(inspector)
-	hist, isHistorian := store.(historian)
-	wb, wh := watchedBatch{batch, k}, watchedHolder{holder, k}
-	wm, wp := watchedMarker{marker, k}, watchedPruner{prune, k}
-	wi, wy := watchedInspector{insp, k}, watchedHistorian{hist, k}
-	switch [6]bool{isBatch, isHolder, isMarker, isPruner, isInspector, isHistorian} {
-	case [6]bool{true, true, true, true, true, true}: // PostgreSQL
-		return &struct {
-			watched
-			watchedBatch
-			watchedHolder
-			watchedMarker
-			watchedPruner
-			watchedInspector
-			watchedHistorian
-		}{base, wb, wh, wm, wp, wi, wy}
-	case [6]bool{false, true, false, true, true, true}: // memory
-		return &struct {
-			watched
-			watchedHolder
-			watchedPruner
-			watchedInspector
-			watchedHistorian
-		}{base, wh, wp, wi, wy}
-	case [6]bool{true, true, false, false, false, false}:
-		return &struct {
-			watched
-			watchedBatch
-			watchedHolder
-		}{base, wb, wh}
-	case [6]bool{true, false, false, false, false, false}:
-		return &struct {
-			watched
-			watchedBatch
-		}{base, wb}
-	case [6]bool{false, true, false, false, false, false}:
-		return &struct {
-			watched
-			watchedHolder
-		}{base, wh}
-	case [6]bool{}:
-		return &base
+	w := watched{s: store, k: k}
+	b, ok := store.(backend)
+	if !ok {
+		return &w
 	}
-	return store
+	wb := watchedBackend{watched: w, b: b}
+	if m, ok := store.(wantMarker); ok {
+		return &watchedMarker{watchedBackend: wb, m: m}
+	}
+	return &wb
 }
 
 // unwatched returns the store that s watches, or s: for messages that name its type.
@@ -274,6 +233,8 @@ type watched struct {
 	s Store
 	k *calls
 }
+
+func (w watched) pglockStore() {}
 
 func (w watched) watchedStore() Store { return w.s }
 
@@ -292,98 +253,90 @@ func (w watched) Release(ctx context.Context, key, owner string) (_ bool, err er
 	return w.s.Release(ctx, key, owner)
 }
 
-type watchedBatch struct {
-	s BatchRenewer
-	k *calls
+// watchedBackend is a watched backend.
+type watchedBackend struct {
+	watched
+	b backend
 }
 
-func (w watchedBatch) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
+func (w watchedBackend) renewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
 	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
-	return w.s.RenewMany(ctx, keys, owners, ttl)
+	return w.b.renewMany(ctx, keys, owners, ttl)
 }
 
-type watchedHolder struct {
-	s HolderReader
-	k *calls
-}
-
-func (w watchedHolder) Holder(ctx context.Context, key string) (_ Holder, err error) {
+func (w watchedBackend) holder(ctx context.Context, key string) (_ LockInfo, err error) {
 	defer w.k.end(w.k.begin(ctx, "holder", 0, false), &err)
-	return w.s.Holder(ctx, key)
+	return w.b.holder(ctx, key)
 }
 
+func (w watchedBackend) listLocks(ctx context.Context, prefix string) (_ []LockInfo, err error) {
+	defer w.k.end(w.k.begin(ctx, "list locks", 0, false), &err)
+	return w.b.listLocks(ctx, prefix)
+}
+
+func (w watchedBackend) forceRelease(ctx context.Context, key string) (_ LockInfo, err error) {
+	defer w.k.end(w.k.begin(ctx, "force release", 0, true), &err) // waits for open fenced transactions
+	return w.b.forceRelease(ctx, key)
+}
+
+func (w watchedBackend) prune(ctx context.Context, olderThan time.Duration, limit int) (_ int64, err error) {
+	defer w.k.end(w.k.begin(ctx, "prune", 0, false), &err)
+	return w.b.prune(ctx, olderThan, limit)
+}
+
+func (w watchedBackend) recordRun(ctx context.Context, r runRecord, retention time.Duration) (err error) {
+	defer w.k.end(w.k.begin(ctx, "record run", 0, false), &err)
+	return w.b.recordRun(ctx, r, retention)
+}
+
+func (w watchedBackend) recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) (err error) {
+	defer w.k.end(w.k.begin(ctx, "record skips", 0, false), &err)
+	return w.b.recordSkips(ctx, instance, skips, retention)
+}
+
+func (w watchedBackend) jobRuns(ctx context.Context, job string, limit int) (_ []JobRun, err error) {
+	defer w.k.end(w.k.begin(ctx, "job runs", 0, false), &err)
+	return w.b.jobRuns(ctx, job, limit)
+}
+
+func (w watchedBackend) jobStatuses(ctx context.Context) (_ []JobStatus, err error) {
+	defer w.k.end(w.k.begin(ctx, "job statuses", 0, false), &err)
+	return w.b.jobStatuses(ctx)
+}
+
+// watchedMarker is a watched backend that marks keys wanted: a PostgreSQL store's.
 type watchedMarker struct {
-	s wantMarker
-	k *calls
+	watchedBackend
+	m wantMarker
 }
 
 func (w watchedMarker) markWanted(ctx context.Context, key string) (_ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "want", 0, false), &err)
-	return w.s.markWanted(ctx, key)
+	return w.m.markWanted(ctx, key)
 }
 
 func (w watchedMarker) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (_ int64, _, _ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
-	return w.s.acquireOrWant(ctx, key, owner, ttl)
-}
-
-type watchedPruner struct {
-	s pruner
-	k *calls
-}
-
-func (w watchedPruner) prune(ctx context.Context, olderThan time.Duration, limit int) (_ int64, err error) {
-	defer w.k.end(w.k.begin(ctx, "prune", 0, false), &err)
-	return w.s.prune(ctx, olderThan, limit)
-}
-
-type watchedInspector struct {
-	s inspector
-	k *calls
-}
-
-func (w watchedInspector) listLocks(ctx context.Context, prefix string) (_ []LockInfo, err error) {
-	defer w.k.end(w.k.begin(ctx, "list locks", 0, false), &err)
-	return w.s.listLocks(ctx, prefix)
-}
-
-func (w watchedInspector) forceRelease(ctx context.Context, key string) (_ LockInfo, err error) {
-	defer w.k.end(w.k.begin(ctx, "force release", 0, true), &err) // waits for open fenced transactions
-	return w.s.forceRelease(ctx, key)
-}
-
-type watchedHistorian struct {
-	s historian
-	k *calls
-}
-
-func (w watchedHistorian) recordRun(ctx context.Context, r runRecord, retention time.Duration) (err error) {
-	defer w.k.end(w.k.begin(ctx, "record run", 0, false), &err)
-	return w.s.recordRun(ctx, r, retention)
-}
-
-func (w watchedHistorian) recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) (err error) {
-	defer w.k.end(w.k.begin(ctx, "record skips", 0, false), &err)
-	return w.s.recordSkips(ctx, instance, skips, retention)
-}
-
-func (w watchedHistorian) jobRuns(ctx context.Context, job string, limit int) (_ []JobRun, err error) {
-	defer w.k.end(w.k.begin(ctx, "job runs", 0, false), &err)
-	return w.s.jobRuns(ctx, job, limit)
-}
-
-func (w watchedHistorian) jobs(ctx context.Context) (_ []JobStatus, err error) {
-	defer w.k.end(w.k.begin(ctx, "jobs", 0, false), &err)
-	return w.s.jobs(ctx)
+	return w.m.acquireOrWant(ctx, key, owner, ttl)
 }
 
 // renewerStore is the renewer's way to the store: the watched store, or, when the
 // renewals have connections of their own, those, watched too.
 func (c *Client) renewerStore(store Store) renewer.Store {
-	if !c.renewals.active() {
-		return store
+	if c.renewals.active() {
+		return watchedRenewals{c.renewals, c.health.calls}
 	}
-	return watchedRenewals{c.renewals, c.health.calls}
+	if b, ok := store.(backend); ok {
+		return batchRenewals{b}
+	}
+	return store
+}
+
+// batchRenewals is a backend as the renewer takes it: a renewer.BatchStore.
+type batchRenewals struct{ backend }
+
+func (b batchRenewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	return b.renewMany(ctx, keys, owners, ttl)
 }
 
 type watchedRenewals struct {

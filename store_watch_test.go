@@ -1,49 +1,41 @@
 package pglock
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// plainTestStore has Store's methods and nothing more.
+// plainTestStore has Store's methods and nothing more: a type that embeds a Store.
 type plainTestStore struct{ Store }
 
-// batchTestStore adds BatchRenewer.
-type batchTestStore struct{ Store }
-
-func (batchTestStore) RenewMany(context.Context, []string, []string, time.Duration) ([]string, error) {
-	return nil, nil
-}
-
-// The watched store has the optional capabilities of the store it watches, no more and
-// no fewer: the client's parts find them by type assertion. A capability added to the
-// stores must be added to watch and to caps here.
+// The watched store has what the store it watches has beyond Store, no more and no
+// less: the client's parts find it by type assertion. A capability added to the stores
+// must be added to watch and to caps here.
 func TestWatchedStoreKeepsTheCapabilities(t *testing.T) {
 	t.Parallel()
-	caps := func(s Store) [6]bool {
-		_, batch := s.(BatchRenewer)
-		_, holder := s.(HolderReader)
+	caps := func(s Store) [2]bool {
+		_, b := s.(backend)
 		_, marker := s.(wantMarker)
-		_, prune := s.(pruner)
-		_, insp := s.(inspector)
-		_, hist := s.(historian)
-		return [6]bool{batch, holder, marker, prune, insp, hist}
+		return [2]bool{b, marker}
 	}
-	for name, s := range map[string]Store{
-		"Postgres": NewPostgresStore(nil),
-		"Memory":   NewMemoryStore(nil),
-		"Plain":    plainTestStore{NewMemoryStore(nil)},
-		"Batch":    batchTestStore{NewMemoryStore(nil)},
+	for name, tc := range map[string]struct {
+		store Store
+		want  [2]bool
+	}{
+		"Postgres":      {NewPostgresStore(nil), [2]bool{true, true}},
+		"SQL":           {NewSQLStore(nil), [2]bool{true, true}},
+		"Memory":        {NewMemoryStore(nil), [2]bool{true, false}},
+		"PlainMemory":   {plainTestStore{NewMemoryStore(nil)}, [2]bool{}},
+		"PlainPostgres": {plainTestStore{NewPostgresStore(nil)}, [2]bool{}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			w := watch(s, &calls{clock: realClock{}})
-			require.Equal(t, caps(s), caps(w))
+			require.Equal(t, tc.want, caps(tc.store))
+			w := watch(tc.store, &calls{clock: realClock{}})
+			require.Equal(t, caps(tc.store), caps(w))
 			_, watched := w.(interface{ watchedStore() Store })
 			require.True(t, watched)
-			require.Equal(t, s, unwatched(w))
+			require.Equal(t, tc.store, unwatched(w))
 		})
 	}
 }

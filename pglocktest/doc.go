@@ -1,4 +1,4 @@
-// Package pglocktest helps test code that uses pglock, and stores written for it.
+// Package pglocktest helps test code that uses pglock.
 //
 // # A database per test
 //
@@ -26,9 +26,10 @@
 // after their ttl, in real time, on its own clock. That is how a test shows that a
 // write from a holder that lost its lock is refused by its fencing token.
 //
-// # A store of your own
+// # Without a database
 //
-// TestStore runs the pglock.Store contract as subtests, one per behaviour, in the
-// spirit of testing/fstest.TestFS: give it a function that returns the store under
-// test. It has no false positives but may miss races: run it with -race.
+// A test that needs no PostgreSQL gives its client pglock.NewMemoryStore on a
+// ManualClock: pglock.NewWithStore(pglock.NewMemoryStore(clock), pglock.WithClock(clock)).
+// pglock.Store is closed (its doc says why), so this package has no contract suite for
+// stores: pglock runs its own on the stores it has.
 package pglocktest

@@ -58,7 +58,7 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	if err != nil {
 		return c.explain(ctx, "jobs", err)
 	}
-	jobs, err := c.client.Jobs(sctx)
+	jobs, err := c.client.JobStatuses(sctx)
 	if err != nil {
 		return c.explain(ctx, "jobs", err)
 	}

@@ -192,7 +192,7 @@ func runHolder(url, prefix string) error {
 	poll := time.NewTicker(20 * time.Millisecond)
 	defer poll.Stop()
 	for {
-		jobs, err := worker1.Jobs(deadline)
+		jobs, err := worker1.JobStatuses(deadline)
 		if err != nil {
 			return err
 		}

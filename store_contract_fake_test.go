@@ -1,4 +1,4 @@
-package pglocktest
+package pglock_test
 
 import (
 	"context"
@@ -26,8 +26,9 @@ const (
 	ignoresExpiry  flaw = "ignores-expiry"  // locks never expire
 )
 
-// brokenStoreEnv tells TestBrokenStore, run in a child process, which flaw to check.
-const brokenStoreEnv = "PGLOCKTEST_BROKEN_STORE"
+// brokenStoreEnv tells TestStoreContractOnABrokenStore, run in a child process, which
+// flaw to check.
+const brokenStoreEnv = "PGLOCK_TEST_BROKEN_STORE"
 
 // fakeLock is a lock of a fakeStore; owner is empty once released.
 type fakeLock struct {
@@ -36,8 +37,9 @@ type fakeLock struct {
 	expires time.Time
 }
 
-// fakeStore is a pglock.Store and pglock.BatchRenewer in memory, with expiry on now,
-// that breaks the rule its flaw names.
+// fakeStore is a contractStore in memory, with expiry on now, that breaks the rule its
+// flaw names. It is written as a store outside pglock would be, which the contract
+// cannot tell from a store of pglock's.
 type fakeStore struct {
 	now  func() time.Time
 	flaw flaw
@@ -146,35 +148,35 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-func TestTestStorePassesCorrectStore(t *testing.T) {
+func TestStoreContractPassesACorrectStore(t *testing.T) {
 	t.Run("RealTime", func(t *testing.T) {
 		t.Parallel()
-		TestStore(t, func(*testing.T) pglock.Store { return newFakeStore(time.Now, noFlaw) },
-			ContractOptions{Concurrent: true})
+		runContract(t, func(*testing.T) contractStore { return newFakeStore(time.Now, noFlaw) },
+			contractOptions{Concurrent: true})
 	})
 	t.Run("AdvanceTime", func(t *testing.T) {
 		t.Parallel()
 		clock := &fakeClock{now: time.Now()}
 		s := newFakeStore(clock.Now, noFlaw)
-		TestStore(t, func(*testing.T) pglock.Store { return s },
-			ContractOptions{Concurrent: true, Callers: 8, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
+		runContract(t, func(*testing.T) contractStore { return s },
+			contractOptions{Concurrent: true, Callers: 8, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
 	})
 }
 
-// TestBrokenStore runs TestStore against a broken fakeStore, in the child process
-// TestTestStoreFailsBrokenStores starts.
-func TestBrokenStore(t *testing.T) {
+// TestStoreContractOnABrokenStore runs the contract against a broken fakeStore, in the
+// child process TestStoreContractFailsBrokenStores starts.
+func TestStoreContractOnABrokenStore(t *testing.T) {
 	f := flaw(os.Getenv(brokenStoreEnv))
 	if f == noFlaw {
-		t.Skip("run by TestTestStoreFailsBrokenStores")
+		t.Skip("run by TestStoreContractFailsBrokenStores")
 	}
 	clock := &fakeClock{now: time.Now()}
 	s := newFakeStore(clock.Now, f)
-	TestStore(t, func(*testing.T) pglock.Store { return s },
-		ContractOptions{Concurrent: true, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
+	runContract(t, func(*testing.T) contractStore { return s },
+		contractOptions{Concurrent: true, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
 }
 
-func TestTestStoreFailsBrokenStores(t *testing.T) {
+func TestStoreContractFailsBrokenStores(t *testing.T) {
 	for f, failing := range map[flaw][]string{
 		alwaysAcquires: {"AcquireHeld", "AcquireOwnHeldIsNotReentrant", "Concurrent/OneWinnerPerRound"},
 		renewRecreates: {"RenewNeverRecreates", "RenewAfterExpiryFails"},
@@ -184,13 +186,13 @@ func TestTestStoreFailsBrokenStores(t *testing.T) {
 	} {
 		t.Run(string(f), func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestBrokenStore$", "-test.v", "-test.count=1")
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestStoreContractOnABrokenStore$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), brokenStoreEnv+"="+string(f))
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
-			require.ErrorAs(t, err, &exit, "TestStore passed a store that is %s:\n%s", f, out)
+			require.ErrorAs(t, err, &exit, "the contract passed a store that is %s:\n%s", f, out)
 			for _, name := range failing {
-				require.Contains(t, string(out), "--- FAIL: TestBrokenStore/"+name+" (", "TestStore missed a store that is %s", f)
+				require.Contains(t, string(out), "--- FAIL: TestStoreContractOnABrokenStore/"+name+" (", "the contract missed a store that is %s", f)
 			}
 		})
 	}
@@ -223,7 +225,7 @@ func TestSoleWinner(t *testing.T) {
 }
 
 func TestApartKeys(t *testing.T) {
-	prefix := "TestStore/KeysAreKeptApart/0123456789abcdef/"
+	prefix := "TestStoreContract/KeysAreKeptApart/0123456789abcdef/"
 	seen := map[string]string{}
 	for _, k := range apartKeys(prefix) {
 		require.True(t, strings.HasPrefix(k.key, prefix), k.what)

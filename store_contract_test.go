@@ -1,4 +1,4 @@
-package pglocktest
+package pglock_test
 
 import (
 	"context"
@@ -18,8 +18,14 @@ import (
 	"github.com/pgfence/pglock"
 )
 
-// ContractOptions configures TestStore.
-type ContractOptions struct {
+// The store contract: every store of pglock keeps it, as subtests, one per behaviour,
+// in the spirit of testing/fstest.TestFS. testStore runs it on the PostgreSQL store
+// (pgx, behind PgBouncer, as a role with README.md's grants, under session settings),
+// the database/sql store (pgx's stdlib, lib/pq) and the memory store;
+// store_contract_fake_test.go checks that it fails stores that break it.
+
+// contractOptions configures testStore.
+type contractOptions struct {
 	// Concurrent adds the race cases: Callers goroutines race on each key.
 	Concurrent bool
 	// Callers is how many goroutines race in the concurrent cases; zero means 16.
@@ -30,6 +36,32 @@ type ContractOptions struct {
 	// RewindTokens makes the store's token source go back (for PostgreSQL: ALTER
 	// SEQUENCE pglock.fencing_token_seq RESTART). Nil skips that case.
 	RewindTokens func(t testing.TB)
+}
+
+// contractStore is what the contract checks: Store's three calls and the batched
+// renewal that every store of pglock has (pglock.StoreRenewMany).
+type contractStore interface {
+	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error)
+	Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error)
+	Release(ctx context.Context, key, owner string) (bool, error)
+	RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error)
+}
+
+// batchStore is a pglock.Store with its batched renewal as a method: a contractStore.
+type batchStore struct{ pglock.Store }
+
+func (s batchStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	return pglock.StoreRenewMany(ctx, s.Store, keys, owners, ttl)
+}
+
+// testStore runs the store contract on the stores of newStore.
+func testStore(t *testing.T, newStore func(t *testing.T) pglock.Store, opts contractOptions) {
+	t.Helper()
+	runContract(t, func(t *testing.T) contractStore {
+		s := newStore(t)
+		require.NotNil(t, s, "newStore returned nil")
+		return batchStore{s}
+	}, opts)
 }
 
 const (
@@ -60,12 +92,11 @@ const (
 	intruder = "owner-intruder"
 )
 
-// TestStore runs the pglock.Store contract as subtests of t, in the spirit of
-// testing/fstest.TestFS. Each subtest calls newStore once, with its own t, before it
-// runs in parallel with the others. newStore returns a store on a fresh, empty state
-// or one that other subtests share: every subtest uses keys of its own, made of its
-// name and a random part. The subtests are named after behaviours, so that
-// -run 'TestX/RenewAfterExpiryFails' picks one.
+// runContract runs the store contract as subtests of t. Each subtest calls newStore
+// once, with its own t, before it runs in parallel with the others. newStore returns a
+// store on a fresh, empty state or one that other subtests share: every subtest uses
+// keys of its own, made of its name and a random part. The subtests are named after
+// behaviours, so that -run 'TestX/RenewAfterExpiryFails' picks one.
 //
 // Without opts.AdvanceTime the expiry cases wait in real time, with ttls of 300ms and
 // more; they overlap, so the whole run takes a few seconds. They assume that the
@@ -73,13 +104,13 @@ const (
 // one at a time and never sleep, since moving the shared clock would expire the
 // locks of the others.
 //
-// TestStore has no false positives: a failure is a broken contract, or a store so
-// slow that expiry could not be checked (the failure says so). It may miss races,
-// however: run it with -race, and with opts.Concurrent against a server behind a
-// connection pool, so that calls really overlap.
-func TestStore(t *testing.T, newStore func(t *testing.T) pglock.Store, opts ContractOptions) {
+// It has no false positives: a failure is a broken contract, or a store so slow that
+// expiry could not be checked (the failure says so). It may miss races, however: run
+// it with -race, and with opts.Concurrent against a server behind a connection pool,
+// so that calls really overlap.
+func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts contractOptions) {
 	t.Helper()
-	require.GreaterOrEqual(t, opts.Callers, 0, "ContractOptions.Callers")
+	require.GreaterOrEqual(t, opts.Callers, 0, "contractOptions.Callers")
 	if opts.Callers == 0 {
 		opts.Callers = defaultCallers
 	}
@@ -120,17 +151,17 @@ func TestStore(t *testing.T, newStore func(t *testing.T) pglock.Store, opts Cont
 
 	c.group(t, "Concurrent", func(t *testing.T) {
 		if !opts.Concurrent {
-			t.Skip("ContractOptions.Concurrent is off")
+			t.Skip("contractOptions.Concurrent is off")
 		}
 		c.run(t, "OneWinnerPerRound", oneWinnerPerRound)
 		c.run(t, "HoldersNeverOverlap", holdersNeverOverlap)
 	})
 }
 
-// contract is one TestStore run.
+// contract is one runContract.
 type contract struct {
-	newStore func(t *testing.T) pglock.Store
-	opts     ContractOptions
+	newStore func(t *testing.T) contractStore
+	opts     contractOptions
 }
 
 // group runs body as a subtest that holds other subtests.
@@ -166,8 +197,8 @@ func keyPrefix(t *testing.T) string {
 // harness is what a subtest checks the store with.
 type harness struct {
 	t      *testing.T
-	store  pglock.Store
-	opts   ContractOptions
+	store  contractStore
+	opts   contractOptions
 	prefix string
 	// elapsed is how far AdvanceTime moved the store's clock in this subtest.
 	elapsed time.Duration
@@ -227,7 +258,7 @@ func (h *harness) withShortTTL(attempt func(ttl time.Duration) (conclusive bool)
 // acquire calls Acquire and requires no error.
 func (h *harness) acquire(key, owner string, ttl time.Duration) (int64, bool) {
 	h.t.Helper()
-	token, acquired, err := acquire(h.store, key, owner, ttl)
+	token, acquired, err := contractAcquire(h.store, key, owner, ttl)
 	require.NoError(h.t, err, "Acquire(%q, %q, %v)", key, owner, ttl)
 	return token, acquired
 }
@@ -252,7 +283,7 @@ func (h *harness) requireHeld(key, why string) {
 // renew calls Renew and requires no error.
 func (h *harness) renew(key, owner string, ttl time.Duration) bool {
 	h.t.Helper()
-	renewed, err := renew(h.store, key, owner, ttl)
+	renewed, err := contractRenew(h.store, key, owner, ttl)
 	require.NoError(h.t, err, "Renew(%q, %q, %v)", key, owner, ttl)
 	return renewed
 }
@@ -260,7 +291,7 @@ func (h *harness) renew(key, owner string, ttl time.Duration) bool {
 // release calls Release and requires no error.
 func (h *harness) release(key, owner string) bool {
 	h.t.Helper()
-	released, err := release(h.store, key, owner)
+	released, err := contractRelease(h.store, key, owner)
 	require.NoError(h.t, err, "Release(%q, %q)", key, owner)
 	return released
 }
@@ -275,22 +306,22 @@ func (h *harness) expire(key, owner string) int64 {
 	return token
 }
 
-// acquire calls s.Acquire with a timeout.
-func acquire(s pglock.Store, key, owner string, ttl time.Duration) (int64, bool, error) {
+// contractAcquire calls s.Acquire with a timeout.
+func contractAcquire(s contractStore, key, owner string, ttl time.Duration) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Acquire(ctx, key, owner, ttl)
 }
 
-// renew calls s.Renew with a timeout.
-func renew(s pglock.Store, key, owner string, ttl time.Duration) (bool, error) {
+// contractRenew calls s.Renew with a timeout.
+func contractRenew(s contractStore, key, owner string, ttl time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Renew(ctx, key, owner, ttl)
 }
 
-// release calls s.Release with a timeout.
-func release(s pglock.Store, key, owner string) (bool, error) {
+// contractRelease calls s.Release with a timeout.
+func contractRelease(s contractStore, key, owner string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Release(ctx, key, owner)
@@ -462,7 +493,7 @@ func tokensGrowAcrossExpiry(h *harness) {
 
 func tokensGrowAfterRewind(h *harness) {
 	if h.opts.RewindTokens == nil {
-		h.t.Skip("ContractOptions.RewindTokens is nil")
+		h.t.Skip("contractOptions.RewindTokens is nil")
 	}
 	k := h.key("k")
 	var tokens []int64
@@ -550,11 +581,7 @@ func keysAreKeptApart(h *harness) {
 }
 
 func renewMany(h *harness) {
-	br, ok := h.store.(pglock.BatchRenewer)
-	if !ok {
-		h.t.Skip("the store does not implement pglock.BatchRenewer")
-	}
-	renewed, err := renewManyCall(br, nil, nil, longTTL)
+	renewed, err := renewManyCall(h.store, nil, nil, longTTL)
 	require.NoError(h.t, err, "RenewMany of no keys")
 	require.Empty(h.t, renewed, "RenewMany of no keys")
 
@@ -573,7 +600,7 @@ func renewMany(h *harness) {
 
 		keys := []string{held, others, released, expired, never, heldByC}
 		owners := []string{ownerA, ownerA, ownerA, ownerA, ownerA, ownerC}
-		renewed, err := renewManyCall(br, keys, owners, longTTL)
+		renewed, err := renewManyCall(h.store, keys, owners, longTTL)
 		require.NoError(h.t, err, "RenewMany")
 		if (!slices.Contains(renewed, held) || !slices.Contains(renewed, heldByC)) && h.late(sent.Add(3*ttl)) {
 			return false
@@ -595,7 +622,7 @@ func renewMany(h *harness) {
 }
 
 // renewManyCall calls b.RenewMany with a timeout.
-func renewManyCall(b pglock.BatchRenewer, keys, owners []string, ttl time.Duration) ([]string, error) {
+func renewManyCall(b contractStore, keys, owners []string, ttl time.Duration) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return b.RenewMany(ctx, keys, owners, ttl)
@@ -625,7 +652,7 @@ func oneWinnerPerRound(h *harness) {
 				wg.Go(func() {
 					<-start
 					a := &attempts[i][caller]
-					a.token, a.acquired, a.err = acquire(h.store, k, owner(caller), longTTL)
+					a.token, a.acquired, a.err = contractAcquire(h.store, k, owner(caller), longTTL)
 				})
 			}
 		}
@@ -685,19 +712,19 @@ func (r *raceKey) fail(err error) {
 // compete has owner try to acquire r's key iterations times. Whenever it wins, it
 // checks that no one else holds the key, renews it, and releases it; whenever it
 // loses, it checks that it cannot renew or release it.
-func (r *raceKey) compete(s pglock.Store, owner string, iterations int) {
+func (r *raceKey) compete(s contractStore, owner string, iterations int) {
 	for range iterations {
-		token, acquired, err := acquire(s, r.key, owner, longTTL)
+		token, acquired, err := contractAcquire(s, r.key, owner, longTTL)
 		if err != nil {
 			r.fail(fmt.Errorf("%s: Acquire: %w", owner, err))
 			return
 		}
 		if !acquired {
-			if renewed, err := renew(s, r.key, owner, longTTL); err != nil || renewed {
+			if renewed, err := contractRenew(s, r.key, owner, longTTL); err != nil || renewed {
 				r.fail(fmt.Errorf("%s lost, then Renew: %v, %w", owner, renewed, err))
 				return
 			}
-			if released, err := release(s, r.key, owner); err != nil || released {
+			if released, err := contractRelease(s, r.key, owner); err != nil || released {
 				r.fail(fmt.Errorf("%s lost, then Release: %v, %w", owner, released, err))
 				return
 			}
@@ -709,13 +736,13 @@ func (r *raceKey) compete(s pglock.Store, owner string, iterations int) {
 		r.mu.Lock()
 		r.tokens = append(r.tokens, token)
 		r.mu.Unlock()
-		renewed, err := renew(s, r.key, owner, longTTL)
+		renewed, err := contractRenew(s, r.key, owner, longTTL)
 		r.holders.Add(-1)
 		if err != nil || !renewed {
 			r.fail(fmt.Errorf("%s won, then Renew: %v, %w", owner, renewed, err))
 			return
 		}
-		if released, err := release(s, r.key, owner); err != nil || !released {
+		if released, err := contractRelease(s, r.key, owner); err != nil || !released {
 			r.fail(fmt.Errorf("%s won, then Release: %v, %w", owner, released, err))
 			return
 		}

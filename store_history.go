@@ -1,0 +1,282 @@
+package pglock
+
+import (
+	"cmp"
+	"context"
+	"database/sql/driver"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The stores' side of the run history (history.go, history_writer.go).
+
+// The PostgreSQL store's history: pglock.job_runs and pglock.job_skips (000008). The
+// reads return JSON, one value, so that they go through the store's one-row calls with
+// every driver; times travel as microseconds since the epoch, whatever the session's
+// TimeZone.
+
+func (s *postgresStore) recordRun(ctx context.Context, r runRecord, retention time.Duration) error {
+	var errText any
+	if r.err != "" {
+		errText = r.err
+	}
+	var id int64
+	err := s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
+		string(r.outcome), errText, ttlMillis(retention)).Scan(&id)
+	if err != nil {
+		return storeError(err, "record a run of %q", r.job)
+	}
+	return nil
+}
+
+// sinceUS is the microseconds since t, as a statement's argument: the drivers take its
+// Value when they encode the statement, with a connection in hand and the statement
+// prepared, so that the time a connection takes to open does not shift the run's end
+// on the database clock.
+type sinceUS time.Time
+
+func (t sinceUS) Value() (driver.Value, error) {
+	return max(time.Since(time.Time(t)), 0).Microseconds(), nil
+}
+
+// skipJSON is one element of job_skips_record's skips.
+type skipJSON struct {
+	Job    string `json:"job"`
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+	AgoUS  int64  `json:"ago_us"`
+}
+
+// skipsJSON is job_skips_record's skips argument, written when the driver takes its
+// Value, as sinceUS.
+type skipsJSON []skipCount
+
+func (skips skipsJSON) Value() (driver.Value, error) {
+	elems := make([]skipJSON, len(skips))
+	for i, k := range skips {
+		elems[i] = skipJSON{Job: k.job, Reason: string(k.reason), Count: k.count, AgoUS: max(time.Since(k.last), 0).Microseconds()}
+	}
+	b, err := json.Marshal(elems)
+	return string(b), err
+}
+
+func (s *postgresStore) recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) error {
+	var written int
+	if err := s.queryRow(ctx, `SELECT pglock.job_skips_record($1, $2, $3)`, instance, skipsJSON(skips), ttlMillis(retention)).
+		Scan(&written); err != nil {
+		return storeError(err, "count skipped ticks")
+	}
+	return nil
+}
+
+// runJSON is a run as the reads return it.
+type runJSON struct {
+	LastFailure bool    `json:"last_failure"`
+	Job         string  `json:"job"`
+	Instance    string  `json:"instance"`
+	Owner       string  `json:"owner"`
+	Token       int64   `json:"token"`
+	StartedUS   int64   `json:"started_us"`
+	EndedUS     int64   `json:"ended_us"`
+	Outcome     string  `json:"outcome"`
+	Err         *string `json:"error"`
+}
+
+func (r runJSON) run() JobRun {
+	run := JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
+		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome)}
+	if r.Err != nil {
+		run.Err = *r.Err
+	}
+	return run
+}
+
+// runFields is the JSON object of a run r in the reads.
+const runFields = `'job', r.job, 'instance', r.instance, 'owner', r.owner, 'token', r.fencing_token,
+	'started_us', round(extract(epoch FROM r.started_at) * 1000000)::bigint,
+	'ended_us', round(extract(epoch FROM r.ended_at) * 1000000)::bigint,
+	'outcome', r.outcome, 'error', r.error`
+
+func (s *postgresStore) jobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
+	var out string
+	err := s.queryRow(ctx, `SELECT coalesce(json_agg(json_build_object(`+runFields+`)
+		ORDER BY r.ended_at DESC, r.id DESC), '[]')::text FROM pglock.job_run_list($1, $2) r`, job, limit).Scan(&out)
+	if err != nil {
+		return nil, storeError(err, "read the runs of %q", job)
+	}
+	var rows []runJSON
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		return nil, fmt.Errorf("pglock: read the runs of %q: %w", job, err)
+	}
+	runs := make([]JobRun, len(rows))
+	for i, r := range rows {
+		runs[i] = r.run()
+	}
+	return runs, nil
+}
+
+func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
+	var out string
+	err := s.queryRow(ctx, `SELECT json_build_object(
+		'runs', (SELECT coalesce(json_agg(json_build_object('last_failure', r.last_failure, `+runFields+`)), '[]')
+			FROM pglock.job_last_runs() r),
+		'skips', (SELECT coalesce(json_agg(json_build_object('job', s.job, 'instance', s.instance,
+			'reason', s.reason, 'count', s.count, 'last_us', round(extract(epoch FROM s.last_at) * 1000000)::bigint)), '[]')
+			FROM pglock.job_skip_list() s))::text`).Scan(&out)
+	if err != nil {
+		return nil, storeError(err, "read the jobs")
+	}
+	var v struct {
+		Runs  []runJSON `json:"runs"`
+		Skips []struct {
+			Job      string `json:"job"`
+			Instance string `json:"instance"`
+			Reason   string `json:"reason"`
+			Count    int64  `json:"count"`
+			LastUS   int64  `json:"last_us"`
+		} `json:"skips"`
+	}
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		return nil, fmt.Errorf("pglock: read the jobs: %w", err)
+	}
+	st := make(statuses)
+	for _, r := range v.Runs {
+		run := r.run()
+		if r.LastFailure {
+			st.of(r.Job).LastFailure = &run
+		} else {
+			st.of(r.Job).LastRun = &run
+		}
+	}
+	for _, k := range v.Skips {
+		j := st.of(k.Job)
+		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count,
+			Last: time.UnixMicro(k.LastUS)})
+	}
+	return st.sorted(), nil
+}
+
+// memoryHistory is the memory store's history: at most maxJobRuns runs a job, pruned
+// by retention as they are recorded. Its zero value is ready.
+type memoryHistory struct {
+	mu    sync.Mutex
+	runs  map[string][]JobRun // by job, oldest first
+	skips map[memorySkipKey]JobSkips
+}
+
+type memorySkipKey struct {
+	job, instance string
+	reason        Reason
+}
+
+func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.Duration) error {
+	now := s.clock.Now()
+	ended := now.Add(-max(time.Since(r.ended), 0))
+	run := JobRun{Job: r.job, Instance: r.instance, Owner: r.owner, Token: r.token, Started: ended.Add(-r.duration),
+		Ended: ended, Outcome: r.outcome, Err: r.err}
+	h := &s.history
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.runs == nil {
+		h.runs = make(map[string][]JobRun)
+	}
+	runs := append(h.runs[r.job], run)
+	cut := 0
+	for cut < len(runs) && (len(runs)-cut > maxJobRuns || runs[cut].Ended.Before(now.Add(-retention))) {
+		cut++
+	}
+	h.runs[r.job] = runs[cut:]
+	return nil
+}
+
+func (s *memoryStore) recordSkips(_ context.Context, instance string, skips []skipCount, retention time.Duration) error {
+	now := s.clock.Now()
+	h := &s.history
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.skips == nil {
+		h.skips = make(map[memorySkipKey]JobSkips)
+	}
+	for _, k := range skips {
+		key := memorySkipKey{k.job, instance, k.reason}
+		j := h.skips[key]
+		j.Instance, j.Reason = instance, k.reason
+		j.Count += k.count
+		if last := now.Add(-max(time.Since(k.last), 0)); last.After(j.Last) {
+			j.Last = last
+		}
+		h.skips[key] = j
+	}
+	for key, j := range h.skips {
+		if j.Last.Before(now.Add(-retention)) {
+			delete(h.skips, key)
+		}
+	}
+	return nil
+}
+
+func (s *memoryStore) jobRuns(_ context.Context, job string, limit int) ([]JobRun, error) {
+	h := &s.history
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	runs := h.runs[job]
+	out := make([]JobRun, 0, min(limit, len(runs)))
+	for i := len(runs) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, runs[i])
+	}
+	return out, nil
+}
+
+func (s *memoryStore) jobStatuses(context.Context) ([]JobStatus, error) {
+	h := &s.history
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := make(statuses)
+	for job, runs := range h.runs {
+		if len(runs) == 0 {
+			continue
+		}
+		last := runs[len(runs)-1]
+		st.of(job).LastRun = &last
+		for i := len(runs) - 1; i >= 0; i-- {
+			if runs[i].Outcome != OutcomeOK {
+				failure := runs[i]
+				st.of(job).LastFailure = &failure
+				break
+			}
+		}
+	}
+	for key, j := range h.skips {
+		st.of(key.job).Skips = append(st.of(key.job).Skips, j)
+	}
+	return st.sorted(), nil
+}
+
+// statuses gathers JobStatus values by job.
+type statuses map[string]*JobStatus
+
+func (st statuses) of(job string) *JobStatus {
+	j := st[job]
+	if j == nil {
+		j = &JobStatus{Job: job}
+		st[job] = j
+	}
+	return j
+}
+
+func (st statuses) sorted() []JobStatus {
+	out := make([]JobStatus, 0, len(st))
+	for _, j := range st {
+		slices.SortFunc(j.Skips, func(a, b JobSkips) int {
+			return cmp.Or(strings.Compare(a.Instance, b.Instance), strings.Compare(string(a.Reason), string(b.Reason)))
+		})
+		out = append(out, *j)
+	}
+	slices.SortFunc(out, func(a, b JobStatus) int { return strings.Compare(a.Job, b.Job) })
+	return out
+}
