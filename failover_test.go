@@ -1,8 +1,11 @@
+//go:build unix
+
 package pglock_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -156,4 +159,38 @@ func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 	require.Equal(t, pglock.ReasonRefused, lle.Reason)
 	require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
 	require.NoError(t, took.Release(t.Context()))
+}
+
+// TestFailoverTokensStayUniqueAcrossKeys: the first acquisitions on a new timeline, at
+// once on many keys, move the sequence up to the timeline's range one at a time: every
+// token is above the range's floor, and no two are equal.
+func TestFailoverTokensStayUniqueAcrossKeys(t *testing.T) {
+	p := failoverPair(t, failover.Synchronous)
+	p.Failover()
+	require.Equal(t, 2, p.Timeline())
+	pool, err := pgxpool.New(t.Context(), p.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	store := pglock.NewPostgresStore(pool)
+	const n = 16
+	tokens := make(chan int64, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			token, ok, err := store.Acquire(t.Context(), fmt.Sprintf("failover:unique:%d", i), "o", time.Minute)
+			if err == nil && !ok {
+				err = fmt.Errorf("key %d: not acquired", i)
+			}
+			errs <- err
+			tokens <- token
+		}()
+	}
+	seen := map[int64]bool{}
+	for range n {
+		require.NoError(t, <-errs)
+		token := <-tokens
+		require.Greater(t, token, int64(1)<<40, "a token of timeline 2")
+		require.False(t, seen[token], "token %d twice", token)
+		seen[token] = true
+	}
 }

@@ -1,3 +1,5 @@
+//go:build unix
+
 // Package failover runs, for a test, a PostgreSQL primary and a streaming standby of its
 // own, and fails the primary over to the standby: kill the primary, promote the standby,
 // rebuild the old primary as the new standby, as often as the test likes.
@@ -36,6 +38,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,6 +87,7 @@ type Pair struct {
 	servers [2]*server
 	primary int  // index in servers of the current primary
 	standby bool // whether the other server runs as a standby
+	ports   []*os.File
 }
 
 type server struct {
@@ -123,12 +127,13 @@ func Start(t testing.TB, mode Mode) *Pair {
 	if err := chownPostgres(dir); err != nil {
 		t.Fatalf("failover: %v", err)
 	}
-	ports, err := freePorts(2)
-	if err != nil {
-		t.Fatalf("failover: %v", err)
-	}
 	for i, name := range []string{"a", "b"} {
-		p.servers[i] = &server{name: name, port: ports[i], data: filepath.Join(dir, name)}
+		port, lock, err := reservePort()
+		if err != nil {
+			t.Fatalf("failover: %v", err)
+		}
+		p.ports = append(p.ports, lock)
+		p.servers[i] = &server{name: name, port: port, data: filepath.Join(dir, name)}
 	}
 
 	a := p.servers[0]
@@ -389,6 +394,9 @@ func (p *Pair) cleanup() {
 	if err := os.RemoveAll(p.dir); err != nil {
 		p.t.Errorf("failover: %v", err)
 	}
+	for _, f := range p.ports {
+		f.Close() // releases its flock
+	}
 }
 
 // run runs one of the PostgreSQL programs, as user postgres when this runs as root.
@@ -443,21 +451,33 @@ func binaries() (string, error) {
 	return bin, nil
 }
 
-// freePorts finds n ports of 127.0.0.1 that nothing listens on, from firstPort up.
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	for port := firstPort; port < firstPort+2000 && len(ports) < n; port++ {
+// reservePort finds a port of 127.0.0.1 that nothing listens on, from firstPort up, and
+// reserves it for the pair's life with an exclusive flock on a file named after it, so
+// that the pairs of test processes running at once (go test ./... runs packages in
+// parallel) do not pick the same one. Closing the file releases it.
+func reservePort() (int, *os.File, error) {
+	dir := filepath.Join(os.TempDir(), "pglock-failover-ports")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, nil, err
+	}
+	for port := firstPort; port < firstPort+2000; port++ {
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
+			f.Close()
 			continue
 		}
 		l.Close()
-		ports = append(ports, port)
+		return port, f, nil
 	}
-	if len(ports) < n {
-		return nil, fmt.Errorf("no %d free ports from %d up", n, firstPort)
-	}
-	return ports, nil
+	return 0, nil, fmt.Errorf("no free port from %d to %d", firstPort, firstPort+2000)
 }
 
 func chownPostgres(path string) error {
