@@ -126,39 +126,43 @@ func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 	lost := failoverClient(t, p, "lost", pglock.TTL(ttl))
 	next := failoverClient(t, p, "next", pglock.TTL(ttl))
 
-	p.Detach()
-	// Other keys' acquisitions in the window the standby misses: the old primary's
-	// sequence runs ahead of what the standby has (it logs 32 values ahead).
-	var issued int64
-	queryURL(t, p.PrimaryURL(), "SELECT max(pglock.lock_acquire('failover:other:' || g, 'other', 60000)) FROM generate_series(1, 100) g", []any{&issued})
-	lock, err := lost.TryAcquire(t.Context(), "failover:async")
-	require.NoError(t, err)
-	t.Logf("lost holder's token on the old primary: %d", lock.Token())
+	// Twice, the old primary rebuilt as the standby in between: failovers repeat.
+	for round := 1; round <= 2; round++ {
+		p.Detach()
+		// Other keys' acquisitions in the window the standby misses: the old primary's
+		// sequence runs ahead of what the standby has (it logs 32 values ahead).
+		var issued int64
+		queryURL(t, p.PrimaryURL(), "SELECT max(pglock.lock_acquire('failover:other:' || g, 'other', 60000)) FROM generate_series(1, 100) g", []any{&issued})
+		lock, err := lost.TryAcquire(t.Context(), "failover:async")
+		require.NoError(t, err)
+		t.Logf("round %d: lost holder's token on the old primary: %d", round, lock.Token())
 
-	p.Failover()
-	promoted := time.Now()
+		p.Failover()
+		promoted := time.Now()
 
-	// The next holder: the key is free on the new primary, which never saw the lost
-	// acquisition.
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	took, err := next.Acquire(ctx, "failover:async")
-	require.NoError(t, err)
-	t.Logf("next holder's token on the new primary: %d, %v after the promotion", took.Token(), time.Since(promoted).Round(time.Millisecond))
-	require.Greater(t, took.Token(), lock.Token(), "the next holder's token")
+		// The next holder: the key is free on the new primary, which never saw the lost
+		// acquisition.
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		took, err := next.Acquire(ctx, "failover:async")
+		cancel()
+		require.NoError(t, err)
+		t.Logf("round %d: next holder's token on the new primary: %d, %v after the promotion", round, took.Token(), time.Since(promoted).Round(time.Millisecond))
+		require.Greater(t, took.Token(), lock.Token(), "round %d: the next holder's token", round)
 
-	// The lost holder hears of it at its next renewal on the new primary.
-	select {
-	case <-lock.Context().Done():
-	case <-time.After(2 * ttl):
-		t.Fatalf("the lost holder's context did not end within %v of the promotion", 2*ttl)
+		// The lost holder hears of it at its next renewal on the new primary.
+		select {
+		case <-lock.Context().Done():
+		case <-time.After(2 * ttl):
+			t.Fatalf("round %d: the lost holder's context did not end within %v of the promotion", round, 2*ttl)
+		}
+		t.Logf("round %d: lost holder's context ended %v after the promotion: %v", round, time.Since(promoted).Round(time.Millisecond), context.Cause(lock.Context()))
+		var lle *pglock.LockLostError
+		require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
+		require.Equal(t, pglock.ReasonRefused, lle.Reason)
+		require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
+		require.NoError(t, took.Release(t.Context()))
+		p.Rebuild()
 	}
-	t.Logf("lost holder's context ended %v after the promotion: %v", time.Since(promoted).Round(time.Millisecond), context.Cause(lock.Context()))
-	var lle *pglock.LockLostError
-	require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
-	require.Equal(t, pglock.ReasonRefused, lle.Reason)
-	require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
-	require.NoError(t, took.Release(t.Context()))
 }
 
 // TestFailoverTokensStayUniqueAcrossKeys: the first acquisitions on a new timeline, at
