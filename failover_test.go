@@ -1,0 +1,200 @@
+//go:build unix
+
+package pglock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/failover"
+)
+
+// The failover tests run on a primary and a streaming standby of their own
+// (internal/failover), which take a few seconds to start: they are skipped unless
+// PGLOCK_FAILOVER=1, as .ci/failover sets.
+
+// failoverPair starts a pair in mode and migrates it through its multi-host URL; the
+// standby has the schema when it returns.
+func failoverPair(t *testing.T, mode failover.Mode) *failover.Pair {
+	t.Helper()
+	p := failover.Start(t, mode)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	require.NoError(t, pglock.Migrate(ctx, p.URL()))
+	waitStandbyReplayed(t, p)
+	return p
+}
+
+// failoverClient is a client on a pool of its own on the pair's multi-host URL, closed
+// when the test ends.
+func failoverClient(t *testing.T, p *failover.Pair, instance string, opts ...pglock.ClientOption) *pglock.Client {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), p.URL())
+	require.NoError(t, err)
+	c, err := pglock.New(pool, append([]pglock.ClientOption{pglock.WithInstanceName(instance)}, opts...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = c.Close(ctx) // a lock lost in a failover is no error here
+		pool.Close()
+	})
+	return c
+}
+
+// waitStandbyReplayed waits until the standby has replayed everything the primary
+// wrote so far.
+func waitStandbyReplayed(t *testing.T, p *failover.Pair) {
+	t.Helper()
+	var lsn string
+	queryURL(t, p.PrimaryURL(), "SELECT pg_current_wal_lsn()::text", []any{&lsn})
+	require.Eventually(t, func() bool {
+		var ok bool
+		queryURL(t, p.StandbyURL(), "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", []any{&ok}, lsn)
+		return ok
+	}, 30*time.Second, 10*time.Millisecond)
+}
+
+// queryURL runs one query that returns one row on a connection of its own.
+func queryURL(t *testing.T, url, sql string, dest []any, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(ctx))
+	require.NoError(t, conn.QueryRow(ctx, sql, args...).Scan(dest...))
+}
+
+// TestFailoverSynchronousKeepsAHeldLock: with synchronous replication, a lock held
+// across the primary's death and the standby's promotion stays held, with its token:
+// the client reaches the new primary through the multi-host URL, renews the lock there,
+// and the new primary's lock_held agrees.
+func TestFailoverSynchronousKeepsAHeldLock(t *testing.T) {
+	p := failoverPair(t, failover.Synchronous)
+	const ttl = 3 * time.Second
+	c := failoverClient(t, p, "holder", pglock.TTL(ttl))
+	lock, err := c.TryAcquire(t.Context(), "failover:sync")
+	require.NoError(t, err)
+
+	p.Failover()
+	promoted := time.Now()
+
+	// Renewed on the new primary: its expiry moves past what it was at the promotion.
+	var before time.Time
+	queryURL(t, p.PrimaryURL(), "SELECT expires_at FROM pglock.locks WHERE key = 'failover:sync'", []any{&before})
+	require.Eventually(t, func() bool {
+		var after time.Time
+		queryURL(t, p.PrimaryURL(), "SELECT expires_at FROM pglock.locks WHERE key = 'failover:sync'", []any{&after})
+		return after.After(before)
+	}, 2*ttl, 20*time.Millisecond, "a renewal on the new primary")
+	t.Logf("first renewal on the new primary %v after the promotion", time.Since(promoted).Round(time.Millisecond))
+
+	// Held for longer than a ttl after the promotion: the renewals go on.
+	require.Never(t, func() bool { return lock.Context().Err() != nil }, ttl+time.Second, 50*time.Millisecond,
+		"the lock's context ended: %v", context.Cause(lock.Context()))
+	require.True(t, lock.Held())
+	var held bool
+	var owner string
+	var token int64
+	queryURL(t, p.PrimaryURL(), "SELECT pglock.lock_held('failover:sync', $1), owner, fencing_token FROM pglock.locks WHERE key = 'failover:sync'",
+		[]any{&held, &owner, &token}, lock.Token())
+	require.True(t, held, "lock_held on the new primary")
+	require.Equal(t, lock.Owner(), owner)
+	require.Equal(t, lock.Token(), token)
+	require.NoError(t, lock.Release(t.Context()))
+}
+
+// TestFailoverAsynchronousTokensGoOn: with asynchronous replication, a failover loses
+// the last commits the old primary acknowledged, here an acquisition and the tokens
+// issued before it (the standby stopped receiving WAL before them, as across a network
+// partition). The next holder of the key on the new primary must still get a greater
+// token than the lost holder's, so that the lost holder's late writes fail the fences;
+// and the lost holder's context ends with a *LockLostError once its client reaches the
+// new primary.
+func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
+	p := failoverPair(t, failover.Asynchronous)
+	const ttl = 6 * time.Second
+	lost := failoverClient(t, p, "lost", pglock.TTL(ttl))
+	next := failoverClient(t, p, "next", pglock.TTL(ttl))
+
+	// Twice, the old primary rebuilt as the standby in between: failovers repeat.
+	for round := 1; round <= 2; round++ {
+		p.Detach()
+		// Other keys' acquisitions in the window the standby misses: the old primary's
+		// sequence runs ahead of what the standby has (it logs 32 values ahead).
+		var issued int64
+		queryURL(t, p.PrimaryURL(), "SELECT max(pglock.lock_acquire('failover:other:' || g, 'other', 60000)) FROM generate_series(1, 100) g", []any{&issued})
+		lock, err := lost.TryAcquire(t.Context(), "failover:async")
+		require.NoError(t, err)
+		t.Logf("round %d: lost holder's token on the old primary: %d", round, lock.Token())
+
+		p.Failover()
+		promoted := time.Now()
+
+		// The next holder: the key is free on the new primary, which never saw the lost
+		// acquisition.
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		took, err := next.Acquire(ctx, "failover:async")
+		cancel()
+		require.NoError(t, err)
+		t.Logf("round %d: next holder's token on the new primary: %d, %v after the promotion", round, took.Token(), time.Since(promoted).Round(time.Millisecond))
+		require.Greater(t, took.Token(), lock.Token(), "round %d: the next holder's token", round)
+
+		// The lost holder hears of it at its next renewal on the new primary.
+		select {
+		case <-lock.Context().Done():
+		case <-time.After(2 * ttl):
+			t.Fatalf("round %d: the lost holder's context did not end within %v of the promotion", round, 2*ttl)
+		}
+		t.Logf("round %d: lost holder's context ended %v after the promotion: %v", round, time.Since(promoted).Round(time.Millisecond), context.Cause(lock.Context()))
+		var lle *pglock.LockLostError
+		require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
+		require.Equal(t, pglock.ReasonRefused, lle.Reason)
+		require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
+		require.NoError(t, took.Release(t.Context()))
+		p.Rebuild()
+	}
+}
+
+// TestFailoverTokensStayUniqueAcrossKeys: the first acquisitions on a new timeline, at
+// once on many keys, move the sequence up to the timeline's range one at a time: every
+// token is above the range's floor, and no two are equal.
+func TestFailoverTokensStayUniqueAcrossKeys(t *testing.T) {
+	p := failoverPair(t, failover.Synchronous)
+	p.Failover()
+	require.Equal(t, 2, p.Timeline())
+	pool, err := pgxpool.New(t.Context(), p.URL())
+	require.NoError(t, err)
+	defer pool.Close()
+	store := pglock.NewPostgresStore(pool)
+	const n = 16
+	tokens := make(chan int64, n)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			token, ok, err := store.Acquire(t.Context(), fmt.Sprintf("failover:unique:%d", i), "o", time.Minute)
+			if err == nil && !ok {
+				err = fmt.Errorf("key %d: not acquired", i)
+			}
+			errs <- err
+			tokens <- token
+		}()
+	}
+	seen := map[int64]bool{}
+	for range n {
+		require.NoError(t, <-errs)
+		token := <-tokens
+		require.Greater(t, token, int64(1)<<40, "a token of timeline 2")
+		require.False(t, seen[token], "token %d twice", token)
+		seen[token] = true
+	}
+}

@@ -1,0 +1,521 @@
+//go:build unix
+
+// Package failover runs, for a test, a PostgreSQL primary and a streaming standby of its
+// own, and fails the primary over to the standby: kill the primary, promote the standby,
+// rebuild the old primary as the new standby, as often as the test likes.
+//
+// The servers are the machine's PostgreSQL binaries (PGLOCK_POSTGRES_BINARIES, else
+// `pg_config --bindir`), in a temporary directory, on free ports of 127.0.0.1 from 25432
+// up (below Linux's ephemeral range), with trust authentication. initdb and postgres
+// refuse to run as root: as root, they run as user postgres (runuser). Without the
+// binaries, or as root without runuser or a postgres user, the test is skipped, saying
+// why, except when the CI environment variable is set: then it fails.
+//
+// # Modes
+//
+// In Synchronous mode the primary names the standby in synchronous_standby_names, with
+// synchronous_commit = on: a commit returns once the standby has flushed it, so a
+// failover loses nothing that a client was told about. Promote then drops the
+// synchronous standby from the new primary, as Patroni does when its synchronous standby
+// is gone (synchronous_mode without synchronous_mode_strict), so that it takes writes
+// before its own standby is rebuilt; Rebuild names the new standby again.
+//
+// In Asynchronous mode (the default of Patroni and CloudNativePG) a commit returns
+// before the standby has it, and a failover can lose the last commits the primary
+// acknowledged. Detach makes sure that it does: the standby stops receiving WAL, as
+// across a network partition, so that whatever the primary commits after it is lost
+// with the primary.
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Mode is how the standby replicates: Synchronous or Asynchronous.
+type Mode int
+
+const (
+	// Synchronous: every commit waits for the standby to flush it.
+	Synchronous Mode = iota + 1
+	// Asynchronous: commits do not wait for the standby.
+	Asynchronous
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Synchronous:
+		return "synchronous"
+	case Asynchronous:
+		return "asynchronous"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// EnableEnv names the environment variable that must be 1 for Start to run: each pair
+// takes a few seconds to start, too long for every go test ./... .
+const EnableEnv = "PGLOCK_FAILOVER"
+
+// firstPort is where the search for free ports starts: below the ephemeral range, where
+// a client's own socket could hold a port that nothing listens on.
+const firstPort = 25432
+
+// opTimeout bounds each step: a start, a promotion, a rebuild.
+const opTimeout = 2 * time.Minute
+
+// Pair is a primary and its streaming standby, and what a test does to them. Its
+// methods fail the test (t.Fatal) when a step fails, so call them from the test's
+// goroutine. Not safe for concurrent use.
+type Pair struct {
+	t       testing.TB
+	mode    Mode
+	bin     string
+	dir     string
+	servers [2]*server
+	primary int  // index in servers of the current primary
+	standby bool // whether the other server runs as a standby
+	ports   []*os.File
+}
+
+type server struct {
+	name string // also the standby's application_name
+	port int
+	data string
+	up   bool
+}
+
+// Start starts a primary and a streaming standby in mode, and stops and removes them
+// when the test ends. It skips the test unless PGLOCK_FAILOVER=1 (EnableEnv). The standby is streaming when Start returns (and in Synchronous
+// mode, is the primary's synchronous standby).
+func Start(t testing.TB, mode Mode) *Pair {
+	t.Helper()
+	if os.Getenv(EnableEnv) != "1" {
+		t.Skipf("failover: set %s=1 to run the tests on a primary and a standby of their own (.ci/failover does)", EnableEnv)
+	}
+	if mode != Synchronous && mode != Asynchronous {
+		t.Fatalf("failover: unknown mode %v", mode)
+	}
+	bin, err := binaries()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("failover: %v (CI is set, so this fails rather than skips)", err)
+		}
+		t.Skipf("failover: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "pglock-failover-")
+	if err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	p := &Pair{t: t, mode: mode, bin: bin, dir: dir}
+	t.Cleanup(p.cleanup)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	if err := chownPostgres(dir); err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	for i, name := range []string{"a", "b"} {
+		port, lock, err := reservePort()
+		if err != nil {
+			t.Fatalf("failover: %v", err)
+		}
+		p.ports = append(p.ports, lock)
+		p.servers[i] = &server{name: name, port: port, data: filepath.Join(dir, name)}
+	}
+
+	a := p.servers[0]
+	if out, err := p.run("initdb", "-D", a.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-locale", "--no-sync"); err != nil {
+		t.Fatalf("failover: initdb: %v\n%s", err, out)
+	}
+	// Settings every server has, as primary or standby; failover.conf holds what
+	// changes with the role (written by writeRole).
+	conf := `
+wal_level = replica
+max_wal_senders = 10
+max_replication_slots = 10
+hot_standby = on
+wal_log_hints = on
+synchronous_commit = on
+wal_sender_timeout = 5s
+wal_receiver_status_interval = 1s
+include_if_exists = 'failover.conf'
+`
+	if err := appendFile(filepath.Join(a.data, "postgresql.conf"), conf); err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	if err := appendFile(filepath.Join(a.data, "pg_hba.conf"), "host replication all 127.0.0.1/32 trust\n"); err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	p.primary = 0
+	p.writeRole(a, false)
+	p.startServer(a)
+	p.startStandby()
+	return p
+}
+
+// Mode is the pair's mode.
+func (p *Pair) Mode() Mode { return p.mode }
+
+// URL is a URL that names both servers with target_session_attrs=read-write: pgx (and
+// libpq) try them in turn and keep the one that takes writes, the current primary.
+func (p *Pair) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?target_session_attrs=read-write&sslmode=disable",
+		p.servers[0].port, p.servers[1].port)
+}
+
+// PrimaryURL is the URL of the current primary alone.
+func (p *Pair) PrimaryURL() string { return p.servers[p.primary].url() }
+
+// StandbyURL is the URL of the current standby (or of the server that Promote will
+// promote, after KillPrimary).
+func (p *Pair) StandbyURL() string { return p.servers[1-p.primary].url() }
+
+// KillPrimary stops the primary at once, as a crash would (pg_ctl stop -m immediate: no
+// shutdown checkpoint, and its walsenders send nothing more).
+func (p *Pair) KillPrimary() {
+	p.t.Helper()
+	s := p.servers[p.primary]
+	if out, err := p.run("pg_ctl", "-D", s.data, "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
+		p.t.Fatalf("failover: kill %s: %v\n%s", s.name, err, out)
+	}
+	s.up = false
+}
+
+// Detach makes the standby stop receiving WAL (its primary_conninfo emptied and
+// reloaded), and returns once its WAL receiver has exited: whatever the primary commits
+// from then on does not reach it. In Synchronous mode, commits then wait for a standby
+// that does not come back: detach only in Asynchronous mode, to lose commits in the
+// next failover.
+func (p *Pair) Detach() {
+	p.t.Helper()
+	s := p.servers[1-p.primary]
+	if err := writeFile(filepath.Join(s.data, "failover.conf"), "primary_conninfo = ''\n"); err != nil {
+		p.t.Fatalf("failover: %v", err)
+	}
+	p.reload(s)
+	p.waitFor(s, "its WAL receiver to exit", "SELECT NOT EXISTS (SELECT FROM pg_stat_wal_receiver)")
+}
+
+// Promote promotes the standby and returns once it takes writes; from then on it is the
+// primary. Kill the primary first (KillPrimary). In Synchronous mode the new primary has
+// no synchronous standby until Rebuild.
+func (p *Pair) Promote() {
+	p.t.Helper()
+	s := p.servers[1-p.primary]
+	if p.servers[p.primary].up {
+		p.t.Fatalf("failover: promote %s while the primary %s runs", s.name, p.servers[p.primary].name)
+	}
+	p.writeRole(s, false)
+	p.reload(s)
+	if out, err := p.run("pg_ctl", "-D", s.data, "-w", "-t", "60", "promote"); err != nil {
+		p.t.Fatalf("failover: promote %s: %v\n%s", s.name, err, out)
+	}
+	p.waitFor(s, "it to take writes", "SELECT NOT pg_is_in_recovery() AND current_setting('transaction_read_only') = 'off'")
+	p.primary = 1 - p.primary
+	p.standby = false
+}
+
+// Failover kills the primary and promotes the standby (KillPrimary, then Promote).
+func (p *Pair) Failover() {
+	p.t.Helper()
+	p.KillPrimary()
+	p.Promote()
+}
+
+// Rebuild makes the old primary, stopped, the new primary's streaming standby, from a
+// fresh base backup of the new primary, and returns once it streams (in Synchronous
+// mode, as the synchronous standby). Failovers can then repeat.
+func (p *Pair) Rebuild() {
+	p.t.Helper()
+	if p.standby {
+		p.t.Fatalf("failover: rebuild: the standby runs")
+	}
+	s := p.servers[1-p.primary]
+	if s.up {
+		p.t.Fatalf("failover: rebuild %s: it runs", s.name)
+	}
+	if err := os.RemoveAll(s.data); err != nil {
+		p.t.Fatalf("failover: %v", err)
+	}
+	p.startStandby()
+}
+
+// Timeline is the current primary's timeline: 1 at first, one more at every promotion.
+func (p *Pair) Timeline() int {
+	p.t.Helper()
+	var name string
+	p.query(p.servers[p.primary], "SELECT pg_walfile_name(pg_current_wal_lsn())", &name)
+	tli, err := strconv.ParseInt(name[:8], 16, 64)
+	if err != nil {
+		p.t.Fatalf("failover: timeline of %q: %v", name, err)
+	}
+	return int(tli)
+}
+
+// startStandby makes servers[1-primary] a standby of the primary from a base backup and
+// waits until it streams.
+func (p *Pair) startStandby() {
+	p.t.Helper()
+	prim, s := p.servers[p.primary], p.servers[1-p.primary]
+	if out, err := p.run("pg_basebackup", "-D", s.data, "-X", "stream", "--no-sync", "-c", "fast",
+		"-d", prim.conninfo(s.name)); err != nil {
+		p.t.Fatalf("failover: pg_basebackup of %s: %v\n%s", prim.name, err, out)
+	}
+	if err := writeFile(filepath.Join(s.data, "standby.signal"), ""); err != nil {
+		p.t.Fatalf("failover: %v", err)
+	}
+	p.writeRole(s, true)
+	p.startServer(s)
+	p.standby = true
+	if p.mode == Synchronous {
+		p.writeRole(prim, false)
+		p.reload(prim)
+	}
+	state := "state = 'streaming'"
+	if p.mode == Synchronous {
+		state += " AND sync_state = 'sync'"
+	}
+	p.waitFor(prim, "standby "+s.name+" to stream",
+		"SELECT EXISTS (SELECT FROM pg_stat_replication WHERE application_name = '"+s.name+"' AND "+state+")")
+}
+
+// writeRole writes s's failover.conf: as a standby, where its primary is; as the
+// primary in Synchronous mode, which standby must confirm commits (none just after a
+// promotion, while the old primary is down).
+func (p *Pair) writeRole(s *server, standby bool) {
+	p.t.Helper()
+	other := p.servers[1-p.index(s)]
+	var conf string
+	if standby {
+		conf = "primary_conninfo = '" + p.servers[p.primary].conninfo(s.name) + "'\n"
+	} else if p.mode == Synchronous && other.up {
+		conf = "synchronous_standby_names = '" + other.name + "'\n"
+	} else {
+		conf = "synchronous_standby_names = ''\n"
+	}
+	if err := writeFile(filepath.Join(s.data, "failover.conf"), conf); err != nil {
+		p.t.Fatalf("failover: %v", err)
+	}
+}
+
+func (p *Pair) index(s *server) int {
+	if p.servers[0] == s {
+		return 0
+	}
+	return 1
+}
+
+func (p *Pair) startServer(s *server) {
+	p.t.Helper()
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c cluster_name=%s", s.port, p.dir, s.name)
+	if out, err := p.run("pg_ctl", "-D", s.data, "-l", filepath.Join(p.dir, s.name+".log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
+		log, _ := os.ReadFile(filepath.Join(p.dir, s.name+".log"))
+		p.t.Fatalf("failover: start %s: %v\n%s\n%s", s.name, err, out, log)
+	}
+	s.up = true
+}
+
+func (p *Pair) reload(s *server) {
+	p.t.Helper()
+	if out, err := p.run("pg_ctl", "-D", s.data, "reload"); err != nil {
+		p.t.Fatalf("failover: reload %s: %v\n%s", s.name, err, out)
+	}
+}
+
+// waitFor polls query (one boolean) on s until it is true.
+func (p *Pair) waitFor(s *server, what, query string) {
+	p.t.Helper()
+	deadline := time.Now().Add(opTimeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var ok bool
+		err := queryRow(ctx, s.url(), query, &ok)
+		cancel()
+		if err == nil && ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("failover: waited %v for %s on %s (last error: %v)", opTimeout, what, s.name, err)
+		}
+		time.Sleep(20 * time.Millisecond) // polls the server's state: nothing to wait on
+	}
+}
+
+func (p *Pair) query(s *server, query string, dest ...any) {
+	p.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := queryRow(ctx, s.url(), query, dest...); err != nil {
+		p.t.Fatalf("failover: %s on %s: %v", query, s.name, err)
+	}
+}
+
+func queryRow(ctx context.Context, url, query string, dest ...any) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, query).Scan(dest...)
+}
+
+// cleanup stops both servers and removes the directory.
+func (p *Pair) cleanup() {
+	for _, s := range p.servers {
+		if s != nil && s.up {
+			if out, err := p.run("pg_ctl", "-D", s.data, "-m", "immediate", "-w", "-t", "60", "stop"); err != nil {
+				p.t.Errorf("failover: stop %s: %v\n%s", s.name, err, out)
+			}
+		}
+	}
+	if p.t.Failed() {
+		for _, s := range p.servers {
+			if s == nil {
+				continue
+			}
+			if log, err := os.ReadFile(filepath.Join(p.dir, s.name+".log")); err == nil {
+				p.t.Logf("failover: log of %s:\n%s", s.name, tail(string(log), 40))
+			}
+		}
+	}
+	if err := os.RemoveAll(p.dir); err != nil {
+		p.t.Errorf("failover: %v", err)
+	}
+	for _, f := range p.ports {
+		f.Close() // releases its flock
+	}
+}
+
+// run runs one of the PostgreSQL programs, as user postgres when this runs as root.
+func (p *Pair) run(program string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	path := filepath.Join(p.bin, program)
+	var cmd *exec.Cmd
+	if os.Geteuid() == 0 {
+		cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, path, args...)
+	}
+	cmd.Dir = p.dir
+	return cmd.CombinedOutput()
+}
+
+func (s *server) url() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", s.port)
+}
+
+// conninfo is how a standby named application reaches s.
+func (s *server) conninfo(application string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s connect_timeout=5", s.port, application)
+}
+
+// binaries finds the PostgreSQL binaries, and as root, runuser and a postgres user.
+func binaries() (string, error) {
+	bin := os.Getenv("PGLOCK_POSTGRES_BINARIES")
+	if bin != "" {
+		bin = filepath.Join(bin, "bin")
+	} else {
+		out, err := exec.Command("pg_config", "--bindir").Output()
+		if err != nil {
+			return "", fmt.Errorf("no PostgreSQL binaries: pg_config --bindir: %w", err)
+		}
+		bin = strings.TrimSpace(string(out))
+	}
+	for _, program := range []string{"initdb", "pg_ctl", "pg_basebackup", "postgres"} {
+		if _, err := os.Stat(filepath.Join(bin, program)); err != nil {
+			return "", fmt.Errorf("no PostgreSQL binaries: %w", err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if _, err := exec.LookPath("runuser"); err != nil {
+			return "", errors.New("running as root, and no runuser to run PostgreSQL as user postgres")
+		}
+		if _, err := user.Lookup("postgres"); err != nil {
+			return "", fmt.Errorf("running as root, and no user postgres to run PostgreSQL as: %w", err)
+		}
+	}
+	return bin, nil
+}
+
+// reservePort finds a port of 127.0.0.1 that nothing listens on, from firstPort up, and
+// reserves it for the pair's life with an exclusive flock on a file named after it, so
+// that the pairs of test processes running at once (go test ./... runs packages in
+// parallel) do not pick the same one. Closing the file releases it.
+func reservePort() (int, *os.File, error) {
+	dir := filepath.Join(os.TempDir(), "pglock-failover-ports")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return 0, nil, err
+	}
+	for port := firstPort; port < firstPort+2000; port++ {
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o644)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			f.Close()
+			continue
+		}
+		l.Close()
+		return port, f, nil
+	}
+	return 0, nil, fmt.Errorf("no free port from %d to %d", firstPort, firstPort+2000)
+}
+
+func chownPostgres(path string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return err
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return os.Chown(path, uid, gid)
+}
+
+func writeFile(path, content string) error {
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return err
+	}
+	return chownPostgres(path)
+}
+
+func appendFile(path, content string) error {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func tail(s string, lines int) string {
+	all := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
