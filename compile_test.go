@@ -107,57 +107,19 @@ func calls(ctx context.Context, c *pglock.Client, pool *pgxpool.Pool, store pglo
 
 // A misplaced option does not compile, and the compiler's message names the option and
 // the option type the call wants; the options that fit compile. All the programs build
-// in one go build of a temporary module whose pglock is this directory, from the module
-// cache alone (GOPROXY=off).
+// in one go build (buildAgainstPglock).
 func TestMisplacedOptionsDoNotCompile(t *testing.T) {
 	t.Parallel()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("no go command to build programs with: %v", err)
-	}
-	repo, err := filepath.Abs(".")
-	require.NoError(t, err)
-	dir := t.TempDir()
-	write := func(name, text string) {
-		t.Helper()
-		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
-	}
-	write("go.mod", fmt.Sprintf("module misplaced\n\ngo 1.26\n\nrequire github.com/pgfence/pglock v0.0.0\n\nreplace github.com/pgfence/pglock => %s\n", repo))
-	sum, err := os.ReadFile(filepath.Join(repo, "go.sum")) // pglock's dependencies, not to be looked up
-	require.NoError(t, err)
-	write("go.sum", string(sum))
-	write("fitting/main.go", optionProgram(fittingOptions))
+	files := map[string]string{"fitting/main.go": optionProgram(fittingOptions)}
 	for _, tc := range misplacedOptions {
-		write(tc.name+"/main.go", optionProgram(tc.code))
+		files[tc.name+"/main.go"] = optionProgram(tc.code)
 	}
-
-	cmd := exec.Command(goTool, "build", "-json", "./...")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	require.Error(t, err, "every program built")
-	var exit *exec.ExitError
-	require.ErrorAs(t, err, &exit, "go build did not run: %s", stderr.String())
-
-	// build-output events carry the compiler's messages, by package.
-	messages := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var ev struct{ ImportPath, Action, Output string }
-		require.NoError(t, json.Unmarshal(sc.Bytes(), &ev), "%s", sc.Bytes())
-		if ev.Action == "build-output" {
-			messages[strings.TrimPrefix(ev.ImportPath, "misplaced/")] += ev.Output
-		}
-	}
-	require.NoError(t, sc.Err())
+	messages := buildAgainstPglock(t, files)
 	require.Empty(t, messages["fitting"], "the options that fit do not compile")
 	for _, tc := range misplacedOptions {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := messages[tc.name]
-			require.NotEmpty(t, msg, "%s compiled, or go build said nothing of it: %s", tc.code, stderr.String())
+			require.NotEmpty(t, msg, "%s compiled", tc.code)
 			lines := slices.DeleteFunc(strings.Split(strings.TrimSpace(msg), "\n"), func(l string) bool {
 				return strings.HasPrefix(l, "#")
 			})
@@ -168,4 +130,53 @@ func TestMisplacedOptionsDoNotCompile(t *testing.T) {
 		})
 	}
 	t.Logf("for example: %s", strings.TrimSpace(messages[misplacedOptions[0].name]))
+}
+
+// buildAgainstPglock writes files (a path in the module: its text) into a temporary
+// module whose pglock is this directory, builds all its packages in one go build, from
+// the module cache alone (GOPROXY=off), and returns the compiler's output for each
+// package that did not compile, by its path in the module. It skips the test when
+// there is no go command.
+func buildAgainstPglock(t *testing.T, files map[string]string) map[string]string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build programs with: %v", err)
+	}
+	repo, err := filepath.Abs(".")
+	require.NoError(t, err)
+	sum, err := os.ReadFile(filepath.Join(repo, "go.sum")) // pglock's dependencies, not to be looked up
+	require.NoError(t, err)
+	dir := t.TempDir()
+	files["go.mod"] = fmt.Sprintf("module built\n\ngo 1.26\n\nrequire github.com/pgfence/pglock v0.0.0\n\nreplace github.com/pgfence/pglock => %s\n", repo)
+	files["go.sum"] = string(sum)
+	for name, text := range files {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
+	}
+	cmd := exec.CommandContext(t.Context(), goTool, "build", "-json", "./...")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	var exit *exec.ExitError
+	if err != nil {
+		require.ErrorAs(t, err, &exit, "go build did not run: %s", stderr.String())
+	}
+	// build-output events carry the compiler's messages, by package.
+	messages := map[string]string{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var ev struct{ ImportPath, Action, Output string }
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &ev), "%s", sc.Bytes())
+		if ev.Action == "build-output" {
+			messages[strings.TrimPrefix(ev.ImportPath, "built/")] += ev.Output
+		}
+	}
+	require.NoError(t, sc.Err())
+	if exit != nil {
+		require.NotEmpty(t, messages, "go build failed with no compiler output: %s", stderr.String())
+	}
+	return messages
 }
