@@ -18,11 +18,11 @@ import (
 
 // Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
 // it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
-// The store releases a lock in a transaction of its own without waiting for the WAL
-// flush (lock_release_async); inside the caller's transaction (a pgx.Tx, or a *pgx.Conn
-// on which one is open) it releases durably instead, leaving the caller's commit as
-// durable as the caller set it.
-// Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
+// The store releases a lock, and a waiter marks a held key, in a transaction of its own
+// without waiting for the WAL flush (lock_release_async, lock_acquire_or_want); inside
+// the caller's transaction (a pgx.Tx, or a *pgx.Conn on which one is open) it uses
+// statements that leave the caller's commit as durable as the caller set it (an
+// acquisition makes it durable, whatever the caller set). Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
 // calls (see NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as
 // they are.
 type Queryer interface {
@@ -351,6 +351,17 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
 	if err := checkCall(key, owner, ttl); err != nil {
 		return 0, false, false, err
+	}
+	if s.inTx != nil && s.inTx() {
+		// lock_acquire_or_want's losing mark sets synchronous_commit off for its whole
+		// transaction: in the caller's, that would be the caller's commit. Two
+		// statements instead, the mark as durable as the caller's commit.
+		token, acquired, err := s.Acquire(ctx, key, owner, ttl)
+		if err != nil || acquired {
+			return token, acquired, false, err
+		}
+		wanted, err := s.markWanted(ctx, key)
+		return 0, false, wanted, err
 	}
 	var token int64
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire_or_want($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
