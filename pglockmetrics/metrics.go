@@ -28,6 +28,10 @@
 // Gauges, from Client.Health: pglock.locks.held {lock}, pglock.elections.led
 // {election}, summed over the observed clients.
 //
+// A counter from Client.Health: pglock.events.dropped {event}, the events the observed
+// clients dropped because their handlers were too slow (see pglock.WithEventHandler),
+// since each was created; a client that stops being observed keeps its count in it.
+//
 // # Attributes
 //
 // Attributes come from small fixed sets, so that a series never exists per lock: a lock's
@@ -82,9 +86,11 @@ type Metrics struct {
 	jobDuration     metric.Float64Histogram
 	held            metric.Int64ObservableGauge
 	led             metric.Int64ObservableGauge
+	dropped         metric.Int64ObservableCounter
 
 	mu      sync.Mutex
 	clients map[*observed]struct{}
+	gone    int64 // the events dropped by the clients no longer observed
 }
 
 type observed struct{ c *pglock.Client }
@@ -127,10 +133,14 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	m.jobDuration = histogram("pglock.job.duration", "Duration of a job's run, by job.")
 	m.held = gauge("pglock.locks.held", "{lock}", "Locks held now.")
 	m.led = gauge("pglock.elections.led", "{election}", "Elections led now.")
+	var err error
+	m.dropped, err = meter.Int64ObservableCounter("pglock.events.dropped", metric.WithUnit("{event}"),
+		metric.WithDescription("Events dropped because the client's event handlers were too slow."))
+	errs = append(errs, err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("pglockmetrics: %w", err)
 	}
-	if _, err := meter.RegisterCallback(m.observe, m.held, m.led); err != nil {
+	if _, err := meter.RegisterCallback(m.observe, m.held, m.led, m.dropped); err != nil {
 		return nil, fmt.Errorf("pglockmetrics: %w", err)
 	}
 	return m, nil
@@ -195,8 +205,11 @@ func (m *Metrics) Observe(c *pglock.Client) (stop func()) {
 	m.mu.Unlock()
 	return func() {
 		m.mu.Lock()
-		delete(m.clients, o)
-		m.mu.Unlock()
+		defer m.mu.Unlock()
+		if _, ok := m.clients[o]; ok {
+			delete(m.clients, o)
+			m.gone += c.Health().EventsDropped
+		}
 	}
 }
 
@@ -206,14 +219,17 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 	for c := range m.clients {
 		clients = append(clients, c.c)
 	}
+	dropped := m.gone
 	m.mu.Unlock()
 	var held, led int64
 	for _, c := range clients {
 		h := c.Health()
 		held += int64(h.Held)
 		led += int64(h.Leading)
+		dropped += h.EventsDropped
 	}
 	o.ObserveInt64(m.held, held)
 	o.ObserveInt64(m.led, led)
+	o.ObserveInt64(m.dropped, dropped)
 	return nil
 }

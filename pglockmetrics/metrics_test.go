@@ -218,6 +218,52 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	}
 }
 
+// Events dropped because a handler was too slow are counted, and the count stays when
+// the client is no longer observed: a counter never goes back.
+func TestMetricsCountDroppedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { require.NoError(t, mp.Shutdown(context.Background())) })
+	m, err := pglockmetrics.New(mp)
+	require.NoError(t, err)
+	unblock, first := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	c, err := pglock.NewWithStore(pglock.NewMemoryStore(nil), pglock.WithLogger(discard),
+		pglock.WithEventHandler(func(pglock.Event) {
+			once.Do(func() { close(first); <-unblock })
+		}))
+	require.NoError(t, err)
+	stop := m.Observe(c)
+	collect := func() int64 {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		got := read(t, rm)
+		require.Equal(t, "{event}", got.units["pglock.events.dropped"])
+		return got.sums["pglock.events.dropped"][""]
+	}
+	require.Zero(t, collect())
+
+	// Each TryAcquire of an empty key emits one event and never reaches the store.
+	_, err = c.TryAcquire(ctx, "")
+	require.ErrorIs(t, err, pglock.ErrInvalidKey)
+	receive(t, first) // the handler holds the first event
+	const calls = 5000
+	for range calls {
+		_, err = c.TryAcquire(ctx, "")
+		require.ErrorIs(t, err, pglock.ErrInvalidKey)
+	}
+	dropped := c.Health().EventsDropped
+	require.Positive(t, dropped, "%d events behind a blocked handler", calls)
+	require.Equal(t, dropped, collect())
+
+	stop()
+	close(unblock)
+	require.NoError(t, c.Close(ctx))
+	require.Equal(t, dropped, collect(), "the count stays once the client is no longer observed")
+}
+
 // collected is what a Collect read, by instrument: each data point's value (sums,
 // gauges) or count (histograms), by its attributes as "k=v,k=v".
 type collected struct {
