@@ -244,6 +244,9 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	// Before Close can see the lock held (lock order: c.mu, then the renewer's).
 	c.renewer.Add(&l.entry, sentAt)
 	c.mu.Unlock()
+	if c.laterTimeline(token) {
+		c.reconfirm(sentAt)
+	}
 	c.renewals.warm()
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
 		slog.Int64("token", token), slog.Duration("ttl", ttl))

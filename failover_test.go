@@ -37,6 +37,13 @@ func failoverPair(t *testing.T, mode failover.Mode) *failover.Pair {
 // when the test ends.
 func failoverClient(t *testing.T, p *failover.Pair, instance string, opts ...pglock.ClientOption) *pglock.Client {
 	t.Helper()
+	c, _ := failoverClientPool(t, p, instance, opts...)
+	return c
+}
+
+// failoverClientPool is failoverClient, with the client's pool.
+func failoverClientPool(t *testing.T, p *failover.Pair, instance string, opts ...pglock.ClientOption) (*pglock.Client, *pgxpool.Pool) {
+	t.Helper()
 	pool, err := pgxpool.New(t.Context(), p.URL())
 	require.NoError(t, err)
 	c, err := pglock.New(pool, append([]pglock.ClientOption{pglock.WithInstanceName(instance)}, opts...)...)
@@ -47,7 +54,7 @@ func failoverClient(t *testing.T, p *failover.Pair, instance string, opts ...pgl
 		_ = c.Close(ctx) // a lock lost in a failover is no error here
 		pool.Close()
 	})
-	return c
+	return c, pool
 }
 
 // waitStandbyReplayed waits until the standby has replayed everything the primary
@@ -117,13 +124,20 @@ func TestFailoverSynchronousKeepsAHeldLock(t *testing.T) {
 // the last commits the old primary acknowledged, here an acquisition and the tokens
 // issued before it (the standby stopped receiving WAL before them, as across a network
 // partition). The next holder of the key on the new primary must still get a greater
-// token than the lost holder's, so that the lost holder's late writes fail the fences;
-// and the lost holder's context ends with a *LockLostError once its client reaches the
-// new primary.
+// token than the lost holder's, so that the lost holder's late writes fail the fences.
+// And the lost holder must hear of its loss as soon as its client reaches the new
+// primary, not at its next renewal (a third of a long ttl later): in round 1 a call of
+// its client fails while no server takes writes, and the client confirms its locks when
+// a call (a read) succeeds again; in round 2 no call fails (the pool finds its
+// connections dead before using them), and the client confirms its locks when it is
+// granted a token of a later timeline.
 func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 	p := failoverPair(t, failover.Asynchronous)
-	const ttl = 6 * time.Second
-	lost := failoverClient(t, p, "lost", pglock.TTL(ttl))
+	// The lost holder's next renewal would come 10 s after its acquisition: far later
+	// than it must hear of the loss.
+	const ttl = 30 * time.Second
+	const bound = time.Second
+	lost, lostPool := failoverClientPool(t, p, "lost", pglock.TTL(ttl))
 	next := failoverClient(t, p, "next", pglock.TTL(ttl))
 
 	// Twice, the old primary rebuilt as the standby in between: failovers repeat.
@@ -137,8 +151,48 @@ func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 		require.NoError(t, err)
 		t.Logf("round %d: lost holder's token on the old primary: %d", round, lock.Token())
 
-		p.Failover()
+		p.KillPrimary()
+		if round == 1 {
+			// A call while no server takes writes: the client's connections are cut.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			_, err := lost.TryAcquire(ctx, "failover:async:cut")
+			cancel()
+			require.Error(t, err, "no server takes writes")
+		} else {
+			// pgxpool pings a connection idle for a second before it hands it out, and
+			// drops it when the server is gone: a client idle for that long reaches the
+			// new primary without a failed call. Reset makes that so at once.
+			lostPool.Reset()
+		}
+		p.Promote()
 		promoted := time.Now()
+
+		// The lost holder's client reaches the new primary: its first call there that
+		// succeeds (tried again while it meets the dead primary's connections). In round
+		// 1, a read; in round 2, an acquisition of another key, on timeline 3.
+		reached := reach(t, func(ctx context.Context) error {
+			if round == 1 {
+				_, err := lost.Locks(ctx, "failover:async")
+				return err
+			}
+			l, err := lost.TryAcquire(ctx, "failover:async:work")
+			if err == nil {
+				err = l.Release(ctx)
+			}
+			return err
+		})
+		t.Logf("round %d: the lost holder's client reached the new primary %v after the promotion", round, reached.Sub(promoted).Round(time.Millisecond))
+		select {
+		case <-lock.Context().Done():
+		case <-time.After(time.Until(reached.Add(bound))):
+			t.Fatalf("round %d: the lost holder's context did not end within %v of its client reaching the new primary (its next renewal is at ttl/3, %v)", round, bound, ttl/3)
+		}
+		t.Logf("round %d: lost holder's context ended %v after the promotion, %v after its client reached the new primary: %v", round,
+			time.Since(promoted).Round(time.Millisecond), time.Since(reached).Round(time.Millisecond), context.Cause(lock.Context()))
+		var lle *pglock.LockLostError
+		require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
+		require.Equal(t, pglock.ReasonRefused, lle.Reason)
+		require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
 
 		// The next holder: the key is free on the new primary, which never saw the lost
 		// acquisition.
@@ -148,20 +202,27 @@ func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 		require.NoError(t, err)
 		t.Logf("round %d: next holder's token on the new primary: %d, %v after the promotion", round, took.Token(), time.Since(promoted).Round(time.Millisecond))
 		require.Greater(t, took.Token(), lock.Token(), "round %d: the next holder's token", round)
-
-		// The lost holder hears of it at its next renewal on the new primary.
-		select {
-		case <-lock.Context().Done():
-		case <-time.After(2 * ttl):
-			t.Fatalf("round %d: the lost holder's context did not end within %v of the promotion", round, 2*ttl)
-		}
-		t.Logf("round %d: lost holder's context ended %v after the promotion: %v", round, time.Since(promoted).Round(time.Millisecond), context.Cause(lock.Context()))
-		var lle *pglock.LockLostError
-		require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
-		require.Equal(t, pglock.ReasonRefused, lle.Reason)
-		require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
 		require.NoError(t, took.Release(t.Context()))
 		p.Rebuild()
+	}
+}
+
+// reach makes call until it succeeds (a client's first calls after a failover may
+// meet connections to the dead primary), and returns when it did.
+func reach(t *testing.T, call func(ctx context.Context) error) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		err := call(ctx)
+		cancel()
+		if err == nil {
+			return time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no call succeeded on the new primary in 30 s: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the new primary comes up in real time
 	}
 }
 
