@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/failover"
+	"github.com/pgfence/pglock/pglocktest"
 )
 
 // The failover tests run on a primary and a streaming standby of their own
@@ -257,5 +258,88 @@ func TestFailoverTokensStayUniqueAcrossKeys(t *testing.T) {
 		require.Greater(t, token, int64(1)<<40, "a token of timeline 2")
 		require.False(t, seen[token], "token %d twice", token)
 		seen[token] = true
+	}
+}
+
+// TestFailoverWaiterIsWoken: waiters parked in Acquire across a failover are woken by
+// the releases on the new primary. Their client's clock stands still, so that they
+// never poll: only a wake-up gets them the key. The failover is asynchronous, and the
+// waiters marked their keys after the standby stopped receiving WAL: the holder's locks
+// are on the new primary, the marks that make a release notify are not. The waiters'
+// listener must reconnect to the new primary and LISTEN again, and then wake them to
+// try and mark their keys again; their first calls there, on the dead primary's pooled
+// connections, fail, and they must ride that out rather than return the error.
+func TestFailoverWaiterIsWoken(t *testing.T) {
+	p := failoverPair(t, failover.Asynchronous)
+	const ttl = 30 * time.Second
+	const bound = time.Second // a waiter that cannot poll is woken or never acquires
+	holder := failoverClient(t, p, "holder", pglock.TTL(ttl))
+	frozen := pglocktest.NewManualClock(time.Now())
+	waiter := failoverClient(t, p, "waiter", pglock.TTL(ttl), pglock.WithClock(frozen))
+	keys := []string{"failover:wait:0", "failover:wait:1", "failover:wait:2"}
+	held := map[string]*pglock.Lock{}
+	for _, key := range keys {
+		l, err := holder.TryAcquire(t.Context(), key)
+		require.NoError(t, err)
+		held[key] = l
+	}
+	waitStandbyReplayed(t, p) // the holder's locks are on the standby
+	p.Detach()                // the marks are not
+
+	type acquired struct {
+		key string
+		err error
+		at  time.Time
+	}
+	got := make(chan acquired, len(keys))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	for _, key := range keys {
+		go func() {
+			l, err := waiter.Acquire(ctx, key)
+			got <- acquired{key, err, time.Now()}
+			if err == nil {
+				_ = l.Release(context.WithoutCancel(ctx))
+			}
+		}()
+	}
+	marked := func(keys []string) func() bool {
+		return func() bool {
+			var n int
+			queryURL(t, p.PrimaryURL(), "SELECT count(*) FROM pglock.locks WHERE key = ANY($1) AND wanted_at IS NOT NULL", []any{&n}, keys)
+			return n == len(keys)
+		}
+	}
+	require.Eventually(t, marked(keys), 10*time.Second, 5*time.Millisecond, "the waiters mark their keys")
+
+	p.Failover()
+	promoted := time.Now()
+	// A release on the new primary at once: the listener, cut from the dead primary,
+	// may not be back to hear it.
+	queryURL(t, p.PrimaryURL(), "SELECT pglock.lock_release($1, $2)", []any{new(bool)}, keys[0], held[keys[0]].Owner())
+	released := time.Now()
+	select {
+	case r := <-got:
+		require.NoError(t, r.err, r.key)
+		require.Equal(t, keys[0], r.key)
+		t.Logf("%s: acquired %v after its release at the promotion", r.key, r.at.Sub(released).Round(time.Millisecond))
+	case <-time.After(bound):
+		t.Fatalf("%s: not acquired within %v of its release on the new primary", keys[0], bound)
+	}
+
+	require.Eventually(t, marked(keys[1:]), 10*time.Second, 5*time.Millisecond, "the waiters mark their keys on the new primary")
+	t.Logf("the other waiters' keys marked again on the new primary %v after the promotion", time.Since(promoted).Round(time.Millisecond))
+	reach(t, func(ctx context.Context) error { _, err := holder.Locks(ctx, "failover:wait:"); return err })
+	for _, key := range keys[1:] {
+		released := time.Now()
+		require.NoError(t, held[key].Release(t.Context()))
+		select {
+		case r := <-got:
+			require.NoError(t, r.err, r.key)
+			require.Equal(t, key, r.key)
+			t.Logf("%s: acquired %v after its release on the new primary", key, r.at.Sub(released).Round(time.Millisecond))
+		case <-time.After(bound):
+			t.Fatalf("%s: not acquired within %v of its release on the new primary", key, bound)
+		}
 	}
 }

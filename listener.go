@@ -27,6 +27,14 @@ const (
 // waiters only poll; Close still wakes them. It holds the waiters' queues, one per key;
 // which waiter tries, marks the key and is woken is the wait queue's rule
 // (waitqueue.go).
+//
+// Across a failover: its configuration is a copy of the pool's (or
+// WithListenerConnString's), with the fallback hosts and the target_session_attrs
+// check that pgx keeps in it (Config.Fallbacks, ValidateConnect), so a connection cut by
+// the primary's death reconnects to whichever server takes writes; it retries at once,
+// rather than after its backoff, when the client's other calls come back (retryNow).
+// Coming back, it wakes every waiter, who tries and marks its key again (the new
+// primary may lack the marks), and has the client confirm its locks (back).
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
 	marker wantMarker

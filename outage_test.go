@@ -14,9 +14,10 @@ import (
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// A client whose store may have lost its locks (its server was replaced by a standby
-// that missed the last commits) confirms every lock it holds at once, not at each one's
-// next renewal, a third of its ttl later. These tests fail over a memory store;
+// What a client does when its store goes away and comes back, maybe as another server
+// (a failover): it confirms every lock it holds at once, since the new server may have
+// lost some, not at each one's next renewal, a third of its ttl later; and a waiter
+// parked in Acquire rides the outage out. These tests fail over a memory store;
 // failover_test.go does it to PostgreSQL.
 
 // switchingStore is a memory store that a test fails over: failover forgets every lock
@@ -30,6 +31,8 @@ type switchingStore struct {
 	granted  map[string]string // key → owner, granted since the last failover
 	timeline int64             // added to tokens, shifted as 000012 does
 	down     bool
+	attempts int // Acquire calls
+	failed   int // Acquire calls that failed
 }
 
 func newSwitchingStore(clock pglock.Clock) *switchingStore {
@@ -46,7 +49,14 @@ func (s *switchingStore) err() error {
 }
 
 func (s *switchingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
-	if err := s.err(); err != nil {
+	err := s.err()
+	s.mu.Lock()
+	s.attempts++
+	if err != nil {
+		s.failed++
+	}
+	s.mu.Unlock()
+	if err != nil {
 		return 0, false, err
 	}
 	token, ok, err := s.Store.Acquire(ctx, key, owner, ttl)
@@ -87,6 +97,13 @@ func (s *switchingStore) failover(t *testing.T, newTimeline bool) {
 	if newTimeline {
 		s.timeline++
 	}
+}
+
+// counts returns how many acquisitions were attempted, and how many of them failed.
+func (s *switchingStore) counts() (attempts, failed int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.attempts, s.failed
 }
 
 func (s *switchingStore) setDown(down bool) {
@@ -191,4 +208,66 @@ func TestHeldLocksAreConfirmedWhenTheListenerReconnects(t *testing.T) {
 		t.Fatal("the lock whose row went away is still held 3 s after the listener's connection was cut")
 	}
 	requireLost(t, lost)
+}
+
+func TestAcquireRidesOutAnOutage(t *testing.T) {
+	t.Parallel()
+	const ttl = time.Second // the waiters poll every quarter of it
+
+	// parked returns a waiter's client on a store that fails over, the store, and the
+	// waiter's result, once the waiter found key held by another client.
+	parked := func(t *testing.T) (*switchingStore, *pglock.Lock, <-chan error) {
+		t.Helper()
+		store := newSwitchingStore(nil)
+		holder := newClient(t, store.Store, quiet) // beside the outage
+		held, err := holder.TryAcquire(t.Context(), "k")
+		require.NoError(t, err)
+		waiter := newClient(t, store, pglock.TTL(ttl), quiet)
+		got := make(chan error, 1)
+		go func() {
+			l, err := waiter.Acquire(t.Context(), "k")
+			if err == nil {
+				err = l.Release(t.Context())
+			}
+			got <- err
+		}()
+		require.Eventually(t, func() bool { attempts, _ := store.counts(); return attempts > 0 }, 5*time.Second, time.Millisecond)
+		return store, held, got
+	}
+
+	t.Run("AndAcquiresOnceTheStoreIsBack", func(t *testing.T) {
+		t.Parallel()
+		store, held, got := parked(t)
+		store.setDown(true)
+		require.Eventually(t, func() bool { _, failed := store.counts(); return failed >= 2 }, 5*time.Second, time.Millisecond)
+		require.NoError(t, held.Release(t.Context()))
+		store.setDown(false)
+		require.NoError(t, next(t, got, "acquisition once the store is back"))
+	})
+
+	t.Run("ForATTLAtMost", func(t *testing.T) {
+		t.Parallel()
+		store, _, got := parked(t)
+		store.setDown(true)
+		start := time.Now()
+		err := next(t, got, "the outage's error")
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		require.NotErrorIs(t, err, pglock.ErrNotAcquired)
+		require.GreaterOrEqual(t, time.Since(start), ttl)
+		_, failed := store.counts()
+		require.Greater(t, failed, 4, "tried again soon, then with its backoff")
+	})
+
+	t.Run("NotBeforeTheStoreAnsweredIt", func(t *testing.T) {
+		t.Parallel()
+		store := newSwitchingStore(nil)
+		store.setDown(true)
+		c := newClient(t, store, pglock.TTL(ttl), quiet)
+		start := time.Now()
+		_, err := c.Acquire(t.Context(), "k")
+		var op *net.OpError
+		require.ErrorAs(t, err, &op)
+		require.Less(t, time.Since(start), ttl/2, "an Acquire whose first attempt fails returns at once")
+	})
 }
