@@ -271,3 +271,33 @@ func TestAcquireRidesOutAnOutage(t *testing.T) {
 		require.Less(t, time.Since(start), ttl/2, "an Acquire whose first attempt fails returns at once")
 	})
 }
+
+// TestCampaignRetriesSoonAfterAnOutage: a campaign that fails because the store is
+// away is made again soon, not a third of the ttl later: an election whose candidates'
+// first calls after a failover meet the dead primary's connections has a leader as soon
+// as the new primary answers.
+func TestCampaignRetriesSoonAfterAnOutage(t *testing.T) {
+	t.Parallel()
+	const ttl = 3 * time.Second // campaigns every second
+	store := newSwitchingStore(nil)
+	holder := newClient(t, store.Store, quiet) // beside the outage
+	held, err := holder.TryAcquire(t.Context(), "leader")
+	require.NoError(t, err)
+	c := newClient(t, store, quiet)
+	acquired := make(chan time.Time, 1)
+	_, err = c.Elect("leader", pglock.LeaderCallbacks{
+		OnAcquired: func(context.Context, *pglock.Lock) error { acquired <- time.Now(); return nil },
+	}, pglock.TTL(ttl))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { attempts, _ := store.counts(); return attempts > 0 }, 5*time.Second, time.Millisecond)
+
+	store.setDown(true)
+	require.Eventually(t, func() bool { _, failed := store.counts(); return failed > 0 }, 5*time.Second, time.Millisecond,
+		"a campaign fails")
+	require.NoError(t, held.Release(t.Context()))
+	store.setDown(false)
+	back := time.Now()
+	at := next(t, acquired, "leadership")
+	require.Less(t, at.Sub(back), ttl/6, "the next campaign came a third of the ttl after the failed one")
+	t.Logf("leading %v after the store came back", at.Sub(back).Round(time.Millisecond))
+}
