@@ -2,12 +2,15 @@ package pglock
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -54,7 +57,11 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 // client of New, see WithoutListener), the key's release wakes it at once. Close ends
 // the wait with ErrClosed. A key that stays held returns an error matching
 // ErrNotAcquired; so does ctx's end, during a pause or an attempt, and the error
-// matches ctx's cause too. Other errors are TryAcquire's.
+// matches ctx's cause too. Other errors are TryAcquire's. Once the store has answered
+// an attempt, Acquire rides out an outage (a failover, for one) as the locks it holds
+// do: an attempt that fails because the store cannot be reached, or its connection was
+// lost, is made again (soon, then with the backoff, up to a second) for up to the lock's
+// ttl from the first such failure in a row; then that failure is returned.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := lockSettings(c, key, "Acquire", opts, AcquireOption.acquireOption)
@@ -92,7 +99,15 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	// for a turn; a waiter woken only to mark the key (takeBaton) tries only if the key
 	// is free. See waitqueue.go. Wait(0) is one attempt: it makes it, queue or not.
 	queued := (!lc.waitSet || lc.wait > 0) && w.join()
-	var err error // the last attempt's, nil until one is made
+	var err error     // the last attempt's, nil until one is made
+	answered := false // the store answered an attempt: the waiter is parked
+	// A parked waiter rides out an outage, a failover for one, as its client's locks
+	// do: while its attempts fail for want of the store (outage), for up to its ttl
+	// from the first failure, it tries again, soon at first (its first calls may meet
+	// pooled connections to a server that is gone), on the real clock: it waits for the
+	// network, not for a lease.
+	var failingSince time.Time // zero while the attempts are answered
+	var retry time.Duration
 	for {
 		if !queued || lc.waitSet && err == nil && !deadline.After(c.clock.Now()) {
 			var l *Lock
@@ -102,11 +117,19 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 				// waiting, as when it ends during a pause.
 				return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
 			}
-			if !errors.Is(err, ErrNotAcquired) {
+			switch {
+			case errors.Is(err, ErrNotAcquired):
+				answered, failingSince = true, time.Time{}
+			case err == nil || !answered || !outage(err) || !failingSince.IsZero() && time.Since(failingSince) >= lc.ttl:
 				return l, err
+			case failingSince.IsZero():
+				failingSince, retry = time.Now(), 5*time.Millisecond
 			}
 		}
 		pause := jitter(backoff)
+		if !failingSince.IsZero() {
+			pause = jitter(retry)
+		}
 		if lc.waitSet {
 			left := deadline.Sub(c.clock.Now())
 			if left <= 0 && err != nil {
@@ -114,10 +137,20 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 			}
 			pause = min(pause, max(left, 0))
 		}
-		backoff = min(backoff*2, maxBackoff)
-		if werr := c.waitTurn(ctx, w, pause, &free); werr != nil {
-			if err == nil {
+		var werr error
+		if failingSince.IsZero() {
+			backoff = min(backoff*2, maxBackoff)
+			werr = c.waitTurn(ctx, w, pause, &free)
+		} else {
+			retry = min(retry*2, maxBackoff)
+			werr = wakeOrAfter(ctx, pause, w.woken()) // the listener coming back wakes it
+		}
+		if werr != nil {
+			switch {
+			case err == nil:
 				err = fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+			case !errors.Is(err, ErrNotAcquired):
+				err = fmt.Errorf("%w: key %q: the last attempt failed: %w", ErrNotAcquired, key, err)
 			}
 			return nil, fmt.Errorf("%w: %w", err, werr)
 		}
@@ -244,6 +277,9 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	// Before Close can see the lock held (lock order: c.mu, then the renewer's).
 	c.renewer.Add(&l.entry, sentAt)
 	c.mu.Unlock()
+	if c.laterTimeline(token) {
+		c.reconfirm(sentAt)
+	}
 	c.renewals.warm()
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
 		slog.Int64("token", token), slog.Duration("ttl", ttl))
@@ -262,6 +298,26 @@ func mayHaveReached(err error) bool {
 	var op *net.OpError
 	return !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidArgument) &&
 		!pgconn.SafeToRetry(err) && !errors.As(err, &connect) && !(errors.As(err, &op) && op.Op == "dial")
+}
+
+// outage reports whether err says that the store could not be reached, or that the
+// connection to it was lost or reached a server that cannot take writes (yet): an
+// outage, or a failover under way, which a parked waiter rides out. Not bad input, nor
+// an error the server gave on a working connection (a missing schema, a privilege).
+func outage(err error) bool {
+	var connect *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrInvalidArgument), errors.Is(err, ErrClosed):
+		return false
+	case errors.As(err, &connect), errors.As(err, &netErr), pgconn.SafeToRetry(err),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, driver.ErrBadConn):
+		return true
+	}
+	code := sqlState(err)
+	// 08: connection exception; 57P01-03: the server shuts down, crashed, or cannot
+	// take connections yet; 25006: a read-only transaction, on a standby.
+	return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03" || code == "25006"
 }
 
 // acquireReply is the reply to an acquisition's store call.

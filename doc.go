@@ -33,7 +33,11 @@
 // renewal the database confirmed (before the database started its ttl), less a tenth
 // of ttl for timers and schedulers that run late. So a holder that is running gives up
 // (its Lock.Context is cancelled with a *LockLostError) before the database expires
-// the lease.
+// the lease. When the database may have lost leases that a Client holds (its calls
+// succeed again after failing, its listener reconnects, or it is granted a token of a
+// later timeline: a standby was promoted), it confirms all of them at once rather than
+// at their next renewal, so that a lease lost in a failover is found lost a round trip
+// after the Client reaches the new primary (README: Running with a standby).
 //
 // # What it does not promise, and why fencing exists
 //

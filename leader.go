@@ -58,7 +58,9 @@ type Election struct {
 // EventLeadershipAcquired and EventLeadershipLost.
 //
 // The lease's ttl is the client's unless TTL sets it: a crashed leader is replaced
-// within it, and instances campaign every ttl/3.
+// within it, and instances campaign every ttl/3. A campaign that fails because the
+// store cannot be reached, or its connection was lost (an outage, a failover), is made
+// again sooner: after 5 ms, doubling up to ttl/3.
 //
 // A key is one election per client, and cannot also be a job's key. Elect returns an
 // error wrapping ErrInvalidKey for a bad key, ErrInvalidArgument for a nil OnAcquired,
@@ -136,22 +138,37 @@ func (e *Election) run() {
 	w := e.c.listener.waiter(e.key)
 	defer w.stop()
 	free := 0 // how many times in a row the key looked free
+	// A campaign that fails for want of the store (outage: a failover, say, whose
+	// first calls meet pooled connections to the dead primary) is made again soon,
+	// doubling up to ttl/3, on the real clock as Acquire does; failed counts them.
+	failed := 0
 	for e.ctx.Err() == nil {
 		wake := w.woken()
 		l, err := e.campaign()
 		switch {
 		case err == nil:
-			free = 0
+			free, failed = 0, 0
 			if e.lead(l) {
 				wake = nil // campaign again after ttl/3, not at once
 			}
 		case errors.Is(err, ErrNotAcquired):
+			failed = 0
 			if e.c.waitTurn(e.ctx, w, e.ttl/3, &free) != nil {
 				return
 			}
 			continue
 		case errors.Is(err, ErrClosed):
 			return
+		case outage(err):
+			failed++
+			retry := min(e.ttl/3, 5*time.Millisecond<<min(failed-1, 20))
+			if failed == 1 || retry == e.ttl/3 {
+				e.c.logger.Warn("pglock: campaign failed", slog.String("key", e.key), slog.Any("err", err))
+			}
+			if wakeOrAfter(e.ctx, jitter(retry), wake) != nil {
+				return
+			}
+			continue
 		default:
 			e.c.logger.Warn("pglock: campaign failed", slog.String("key", e.key), slog.Any("err", err))
 		}

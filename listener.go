@@ -27,10 +27,20 @@ const (
 // waiters only poll; Close still wakes them. It holds the waiters' queues, one per key;
 // which waiter tries, marks the key and is woken is the wait queue's rule
 // (waitqueue.go).
+//
+// Across a failover: its configuration is a copy of the pool's (or
+// WithListenerConnString's), with the fallback hosts and the target_session_attrs
+// check that pgx keeps in it (Config.Fallbacks, ValidateConnect), so a connection cut by
+// the primary's death reconnects to whichever server takes writes; it retries at once,
+// rather than after its backoff, when the client's other calls come back (retryNow).
+// Coming back, it wakes every waiter, who tries and marks its key again (the new
+// primary may lack the marks), and has the client confirm its locks (back).
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
 	marker wantMarker
 	logger *slog.Logger
+	back   func()        // called when the connection comes back after it was cut
+	retry  chan struct{} // cuts a backoff short (retryNow)
 
 	mu      sync.Mutex
 	waiters map[string][]*waiter // by key, in the order they subscribed
@@ -43,8 +53,9 @@ type listener struct {
 	done     chan struct{}      // closed when it ends
 }
 
-func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger) *listener {
-	l := &listener{logger: logger, waiters: make(map[string][]*waiter), done: make(chan struct{})}
+func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger, back func()) *listener {
+	l := &listener{logger: logger, back: back, retry: make(chan struct{}, 1),
+		waiters: make(map[string][]*waiter), done: make(chan struct{})}
 	if marker, ok := store.(wantMarker); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
@@ -92,8 +103,13 @@ func (l *listener) run(ctx context.Context) {
 		if err == nil {
 			if down {
 				l.logger.Info("pglock: listener reconnected")
+				l.back() // perhaps to another server: a failover
 			} else {
 				l.logger.Debug("pglock: listening for releases")
+			}
+			select {
+			case <-l.retry: // for the connection that just came up
+			default:
 			}
 			backoff, down = listenerMinBackoff, false
 			err = l.receive(ctx, conn)
@@ -111,8 +127,19 @@ func (l *listener) run(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-l.retry:
+			t.Stop()
 		}
 		backoff = min(2*backoff, listenerMaxBackoff)
+	}
+}
+
+// retryNow has a listener that waits to reconnect try at once: the client's other
+// connections just came back.
+func (l *listener) retryNow() {
+	select {
+	case l.retry <- struct{}{}:
+	default:
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,9 +31,10 @@ type Client struct {
 	renewer  *renewer.Renewer
 	renewals *renewals // the renewer's way to the store
 	events   *events
-	listener *listener // wakes waiters when their key is released
-	history  *history  // writes job runs and skips; nil when RunHistory is off or the store keeps none
-	health   health    // what Health reports
+	listener *listener    // wakes waiters when their key is released
+	history  *history     // writes job runs and skips; nil when RunHistory is off or the store keeps none
+	health   health       // what Health reports
+	timeline atomic.Int64 // the latest timeline of the server seen in a token (see laterTimeline)
 
 	mu       sync.Mutex
 	closed   bool
@@ -109,7 +111,7 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 		cfg.listen = nil
 	}
 	c.handBacks = newHandBacks(store, cfg.logger)
-	c.listener = newListener(cfg.listen, store, cfg.logger)
+	c.listener = newListener(cfg.listen, store, cfg.logger, c.connectionsBack)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.onClose(c.listener.close)
 	c.renewals = newRenewals(raw)
@@ -123,6 +125,47 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 		Observe: c.observeRenewal,
 	})
 	return c, nil
+}
+
+// connectionsBack is called when the client's connections come back after they were
+// cut: a store call succeeds after a failure, or the listener reconnects. They may have
+// come back to another server, a standby promoted in a failover, which may have lost
+// the last commits of the old primary, and with them locks this client holds (with
+// asynchronous replication). So the client confirms every lock it holds at once (see
+// reconfirm).
+func (c *Client) connectionsBack() { c.reconfirm(c.clock.Now()) }
+
+// reconfirm renews at once, in one round, every lock held whose last renewal was sent
+// before before, instead of at its next renewal (up to a third of its ttl later): a lock
+// the store lost is then found lost within a round trip, and its holder stops. And the
+// listener, if it is down, reconnects now rather than after its backoff. It is called
+// when the store may have lost locks: when the client's connections come back
+// (connectionsBack), and when a lock is granted on a later timeline of the server than
+// any before (laterTimeline). A refused renewal does the same within the renewer.
+func (c *Client) reconfirm(before time.Time) {
+	c.renewer.Confirm(before)
+	c.listener.retryNow()
+}
+
+// timelineShift is where a token carries the timeline of the server that issued it: a
+// token issued on timeline t is at least (t-1) << timelineShift
+// (migrations/000012_timeline_tokens.up.sql).
+const timelineShift = 40
+
+// laterTimeline records the timeline of the server that issued token, and reports
+// whether it is later than every timeline seen before: the server was promoted since
+// (a failover, or a restore to a point in time), and locks granted before may be lost.
+func (c *Client) laterTimeline(token int64) bool {
+	tl := token >> timelineShift
+	for {
+		seen := c.timeline.Load()
+		if tl <= seen {
+			return false
+		}
+		if c.timeline.CompareAndSwap(seen, tl) {
+			return true
+		}
+	}
 }
 
 // section is code that runs under a lock: a WithLock function or a job's run. Close

@@ -34,8 +34,11 @@ type calls struct {
 	clock    Clock
 	patience time.Duration // how long a call may wait for an answer before the client is unready
 	probe    func(ctx context.Context) error
-	ctx      context.Context // the probes'; cancelled at Close
-	cancel   context.CancelFunc
+	// back is called, without mu held, when a call succeeds after a failure: the
+	// client's connections came back, maybe to another server (a failover).
+	back   func()
+	ctx    context.Context // the probes'; cancelled at Close
+	cancel context.CancelFunc
 
 	mu       sync.Mutex
 	answered time.Time    // when the store last answered a call
@@ -69,7 +72,7 @@ type flight struct {
 // feeds Health, and returns it for the client's parts to use. A probe runs at most once
 // a second while the last call failed, until one succeeds or Close.
 func (c *Client) watchStore(store Store) Store {
-	k := &calls{clock: c.clock, patience: c.ttl / 2}
+	k := &calls{clock: c.clock, patience: c.ttl / 2, back: c.connectionsBack}
 	k.ctx, k.cancel = context.WithCancel(context.Background())
 	w := watch(store, k)
 	k.probe = func(ctx context.Context) error {
@@ -100,27 +103,42 @@ func (k *calls) begin(ctx context.Context, call string, ttl time.Duration, mayWa
 
 // end records the outcome of f: *err is the call's error.
 func (k *calls) end(f *flight, err *error) {
+	if k.record(f, *err) && k.back != nil {
+		k.back()
+	}
+}
+
+// record records the outcome of f, and reports whether it is a success after a failure.
+func (k *calls) record(f *flight, e error) (back bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	now := k.clock.Now()
 	if f.elem != nil {
 		k.inFlight.Remove(f.elem)
 	}
-	switch e := *err; {
+	switch {
 	case e == nil:
-		k.answered, k.failure = now, nil
-		return
+		return k.succeeded(now)
 	case errors.Is(e, ErrInvalidKey) || errors.Is(e, ErrInvalidArgument):
-		return // bad input, refused before the database was asked
+		return false // bad input, refused before the database was asked
 	case f.ctx.Err() != nil:
 		if now.Sub(f.start) < f.patience || k.answered.After(f.start) {
-			return // the caller gave up; or the store answered other calls meanwhile
+			return false // the caller gave up; or the store answered other calls meanwhile
 		}
 		k.failure = &callFailure{call: f.call, at: now, err: fmt.Errorf("no answer for %v: %w", now.Sub(f.start).Round(time.Millisecond), e)}
 	default:
 		k.failure = &callFailure{call: f.call, at: now, err: e}
 	}
 	k.armProbe()
+	return false
+}
+
+// succeeded records a call answered at now, and reports whether the last call had
+// failed. Called with mu held.
+func (k *calls) succeeded(now time.Time) (back bool) {
+	back = k.failure != nil
+	k.answered, k.failure = now, nil
+	return back
 }
 
 // armProbe arms a probe unless one is armed or running. Called with mu held.
@@ -148,16 +166,24 @@ func (k *calls) runProbe() {
 	ctx, cancel := context.WithTimeout(k.ctx, storeTimeout)
 	err := k.probe(ctx)
 	cancel()
+	if k.probed(err) && k.back != nil {
+		k.back()
+	}
+}
+
+// probed records a probe's outcome, arms the next while calls keep failing, and
+// reports whether the probe is a success after a failure.
+func (k *calls) probed(err error) (back bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.probing = false
 	if err == nil {
-		k.answered, k.failure = k.clock.Now(), nil
-		return
+		return k.succeeded(k.clock.Now())
 	}
 	if k.failure != nil {
 		k.armProbe()
 	}
+	return false
 }
 
 // close stops the probes, cancels a probe in progress and waits for it.

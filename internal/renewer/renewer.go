@@ -26,6 +26,14 @@
 // Within a round, each ttl group (and each key held twice) has its own call, and the
 // calls run side by side; the round returns when all of them have.
 //
+// # Confirming at once
+//
+// Confirm brings forward the renewal of every entry not in flight to now: the client
+// calls it when the store may have lost locks it holds (its connections came back after
+// they were cut; a lock was granted on a later timeline of the server), so that a lock
+// lost in a failover is found lost a round trip after the client reaches the new
+// server, not at its next renewal. A refused renewal confirms the other entries too.
+//
 // # Time
 //
 // The renewer knows time only through Now and AfterFunc, a store call's bound (its
@@ -63,6 +71,10 @@ const (
 	Expired
 )
 
+// confirmRetry is the first pause before a failed call of entries that Confirm wants
+// confirmed is retried: a pool replaces a connection that died with its server at once.
+const confirmRetry = 10 * time.Millisecond
+
 // warnEvery is how often, at most, a ttl's failing renewals are logged at Warn.
 const warnEvery = 10 * time.Second
 
@@ -88,6 +100,10 @@ type Entry struct {
 	removed bool
 	lost    bool
 	reason  Reason // why, once lost
+	// confirming is set by Confirm until the store answers a renewal of the entry;
+	// failed counts the failed calls since, which are retried sooner (confirmRetry).
+	confirming bool
+	failed     int
 }
 
 // at is the entry's heap key: when it next needs attention.
@@ -182,6 +198,7 @@ func (r *Renewer) Add(e *Entry, sentAt time.Time) {
 	e.deadline = Deadline(sentAt, e.TTL)
 	e.next = sentAt.Add(e.TTL / 3)
 	e.inFlight, e.removed, e.lost, e.reason = false, false, false, 0
+	e.confirming, e.failed = false, 0
 	heap.Push(&r.queue, e)
 	r.track(e)
 	r.arm()
@@ -205,6 +222,42 @@ func (r *Renewer) Remove(e *Entry) (held bool, reason Reason) {
 	e.removed, e.inFlight = true, false
 	r.arm()
 	return true, 0
+}
+
+// Confirm renews at once, in one round (one call per ttl, as any round), every entry
+// whose last confirmed renewal was sent before before and that has no renewal in flight,
+// rather than at its next renewal: for when the store may have lost them since, as
+// when its server was replaced by a standby that missed the last commits, so that a
+// lock lost with the old server is found lost within a round trip. Until the store
+// answers, failed calls of these entries (the first may meet a connection to the old
+// server) are retried after confirmRetry, doubling up to the usual tenth of the ttl. A
+// refused renewal confirms the other entries too (see renew).
+func (r *Renewer) Confirm(before time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.confirm(before)
+}
+
+// confirm is Confirm, called with mu held.
+func (r *Renewer) confirm(before time.Time) {
+	if r.closed {
+		return
+	}
+	now := r.cfg.Now()
+	moved := false
+	for _, e := range r.queue {
+		if !e.deadline.Before(Deadline(before, e.TTL)) {
+			continue
+		}
+		e.confirming = true
+		if !e.inFlight && e.next.After(now) {
+			e.next, moved = now, true
+		}
+	}
+	if moved {
+		heap.Init(&r.queue)
+		r.arm()
+	}
 }
 
 // Live reports whether e is added, not lost, and before its deadline on the clock. It
@@ -460,6 +513,7 @@ func (r *Renewer) renew(group []flight) {
 
 	now := r.cfg.Now()
 	var lost []*Entry
+	refused := false
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -481,6 +535,7 @@ func (r *Renewer) renew(group []flight) {
 		e.inFlight = false
 		switch {
 		case renewed[i]:
+			e.confirming, e.failed = false, 0
 			e.deadline = Deadline(sentAt, ttl)
 			e.next = sentAt.Add(ttl / 3)
 			heap.Push(&r.queue, e)
@@ -489,15 +544,27 @@ func (r *Renewer) renew(group []flight) {
 			e.lost, e.reason = true, Refused
 			r.untrack(e)
 			lost = append(lost, e)
+			refused = true
 		case !now.Before(e.deadline):
 			e.lost, e.reason = true, Expired
 			r.untrack(e)
 			lost = append(lost, e)
 		default:
 			// Retry soon, and be back at the deadline at the latest to call it lost.
-			e.next = minTime(now.Add(max(ttl/10, time.Millisecond)), e.deadline)
+			retry := max(ttl/10, time.Millisecond)
+			if e.confirming {
+				e.failed++
+				retry = min(retry, confirmRetry<<min(e.failed-1, 20))
+			}
+			e.next = minTime(now.Add(retry), e.deadline)
 			heap.Push(&r.queue, e)
 		}
+	}
+	if refused {
+		// The store did not have a lock this client thought it held: a failover that
+		// lost commits, a force-release, or a clock that ran slow. Whatever it was may
+		// have taken the others too.
+		r.confirm(sentAt)
 	}
 	r.arm()
 	r.mu.Unlock()

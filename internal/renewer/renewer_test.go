@@ -781,3 +781,108 @@ func TestObserveAndOverdue(t *testing.T) {
 		{TTL: ttl, Locks: 1, Sent: t0.Add(26 * time.Second)},
 	}, calls)
 }
+
+func TestConfirm(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RenewsWhatWasConfirmedBeforeInOneRound", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		fs := &fakeStore{sent: make(chan []string, 16)}
+		r := newRenewer(t, fakeBatchStore{fs}, clock, nil)
+		a, _ := newEntry("a", 30*time.Second)
+		b, _ := newEntry("b", 30*time.Second)
+		c, _ := newEntry("c", 60*time.Second)
+		late, _ := newEntry("late", 30*time.Second)
+		r.Add(a, t0)
+		r.Add(b, t0)
+		r.Add(c, t0)
+		clock.Advance(2 * time.Second)
+		r.Add(late, t0.Add(2*time.Second))
+		clock.Advance(time.Second)
+
+		r.Confirm(t0.Add(time.Second)) // late was confirmed after that: not renewed
+		clock.Advance(0)
+		sent := map[string]bool{}
+		for range 2 { // one call per ttl
+			for _, k := range recv(t, fs.sent) {
+				sent[k] = true
+			}
+		}
+		require.Equal(t, map[string]bool{"a": true, "b": true, "c": true}, sent)
+		require.Equal(t, 2, fs.Calls())
+		now := t0.Add(3 * time.Second)
+		require.Equal(t, Deadline(now, 30*time.Second), deadlineOf(r, a))
+		require.Equal(t, Deadline(now, 60*time.Second), deadlineOf(r, c))
+		require.Equal(t, Deadline(t0.Add(2*time.Second), 30*time.Second), deadlineOf(r, late))
+
+		// The next renewals count from the confirmation.
+		clock.AdvanceTo(t0.Add(12 * time.Second)) // late's, due at 12 s, takes a and b along (due at 13 s)
+		require.Equal(t, 3, fs.Calls())
+		require.ElementsMatch(t, []string{"a", "b", "late"}, recv(t, fs.sent))
+	})
+
+	t.Run("RefusedRenewalConfirmsTheOthers", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		fs := &fakeStore{fn: func(context.Context, []string) ([]string, error) { return nil, nil }}
+		r := newRenewer(t, fakeBatchStore{fs}, clock, nil)
+		a, lostA := newEntry("a", 30*time.Second) // due at 10 s
+		b, lostB := newEntry("b", 90*time.Second) // due at 30 s, not within a sixth of its ttl of 10 s
+		r.Add(a, t0)
+		r.Add(b, t0)
+
+		clock.AdvanceTo(t0.Add(10 * time.Second))
+		require.Equal(t, []Reason{Refused}, lostA.Reasons())
+		require.Equal(t, []Reason{Refused}, lostB.Reasons(), "b is confirmed, and found lost, at 10 s, not at 30 s")
+		require.Equal(t, 2, fs.Calls())
+	})
+
+	t.Run("RetriesAFailedCallSoon", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		var mu sync.Mutex
+		var sent []time.Time
+		fails := 2 // calls on connections to a server that is gone
+		fs := &fakeStore{fn: func(_ context.Context, keys []string) ([]string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			sent = append(sent, clock.Now())
+			if fails > 0 {
+				fails--
+				return nil, errors.New("unexpected EOF")
+			}
+			return nil, nil // refused: the new server never had the lock
+		}}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", 30*time.Second)
+		r.Add(a, t0)
+		clock.Advance(time.Second)
+		r.Confirm(clock.Now())
+		clock.Advance(100 * time.Millisecond)
+		require.Equal(t, []Reason{Refused}, lost.Reasons())
+		mu.Lock()
+		defer mu.Unlock()
+		at := t0.Add(time.Second)
+		require.Equal(t, []time.Time{at, at.Add(10 * time.Millisecond), at.Add(30 * time.Millisecond)}, sent,
+			"retried after 10 ms, then 20 ms, not after a tenth of the ttl")
+	})
+
+	t.Run("LeavesACallInFlightAlone", func(t *testing.T) {
+		t.Parallel()
+		clock := newFakeClock()
+		g := newGate("a", false)
+		fs := &fakeStore{fn: g.fn}
+		r := newRenewer(t, fs, clock, nil)
+		a, lost := newEntry("a", 30*time.Second)
+		r.Add(a, t0)
+		advanced := goAdvance(t, clock, 10*time.Second, g)
+		recv(t, g.entered)
+		r.Confirm(t0.Add(10 * time.Second))
+		g.Open(true)
+		recv(t, advanced)
+		clock.Advance(0)
+		require.Equal(t, 1, fs.Calls(), "the call in flight confirms it")
+		require.Empty(t, lost.Reasons())
+	})
+}
