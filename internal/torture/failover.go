@@ -60,9 +60,13 @@ type Failover struct {
 }
 
 func (f Failover) detail() string {
-	d := fmt.Sprintf("%s to %s, timeline %d to %d, promoted in %v, rebuilt in %v; kept what was acknowledged until %v before the kill",
+	kept := fmt.Sprintf("%v before the kill", f.Kill.Sub(f.KeptUntil).Round(time.Millisecond))
+	if f.KeptUntil.After(f.Kill) {
+		kept = fmt.Sprintf("%v into the kill", f.KeptUntil.Sub(f.Kill).Round(time.Millisecond))
+	}
+	d := fmt.Sprintf("%s to %s, timeline %d to %d, promoted in %v, rebuilt in %v; the new primary has what was acknowledged until %s",
 		f.OldPrimary, f.NewPrimary, f.From, f.To, f.Promoted.Sub(f.Kill).Round(time.Millisecond),
-		f.Rebuilt.Sub(f.Promoted).Round(time.Millisecond), f.Kill.Sub(f.KeptUntil).Round(time.Millisecond))
+		f.Rebuilt.Sub(f.Promoted).Round(time.Millisecond), kept)
 	if !f.Detached.IsZero() {
 		d += fmt.Sprintf(", the standby detached %v before it", f.Kill.Sub(f.Detached).Round(time.Millisecond))
 	}
