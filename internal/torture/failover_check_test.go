@@ -2,6 +2,7 @@ package main
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,4 +152,23 @@ func TestCheckerFailoverLostRenewal(t *testing.T) {
 
 	r = check(lostRenewal(13000)) // its bound: 11.85 + 1 s, plus the slack
 	requireOnly(t, r, invSignal)
+}
+
+// A failover run writes its own section of the report file, and a run on one server
+// rewrites the rest, keeping the sections.
+func TestReportFileKeepsEachRunsSection(t *testing.T) {
+	t.Parallel()
+	one := check(baseline())
+	sync, async := check(withFailover(baseline(), failoverSync, timeline2)), check(withFailover(baseline(), failoverAsync, timeline2))
+	file := reportFile("", async)
+	require.Contains(t, file, "## Across failovers: asynchronous replication")
+	require.NotContains(t, file, "# Reliability: pglock under real faults")
+	file = reportFile(file, one)
+	require.True(t, strings.HasPrefix(file, "# Reliability: pglock under real faults"))
+	file = reportFile(file, sync)
+	i, j := strings.Index(file, "## Across failovers: synchronous"), strings.Index(file, "## Across failovers: asynchronous")
+	require.True(t, i > 0 && j > i, "the synchronous section, then the asynchronous one")
+	require.Equal(t, file, reportFile(file, sync), "writing a section again replaces it")
+	require.Equal(t, 1, strings.Count(file, "## How it works"))
+	require.True(t, strings.HasSuffix(file, method))
 }

@@ -346,6 +346,32 @@ const method = `## How it works
 Handover is the time a key had no holder: from a release to the next acquisition by a worker already waiting, and
 from a kill to the next acquisition of what the killed worker held (a lock's lease runs out its ttl first).
 
+## Across failovers
+
+A failover run (` + "`-failover sync|async`" + `, issue 19) starts a primary and a streaming standby of its own (the
+machine's PostgreSQL binaries, ` + "`internal/failover`" + `) in that replication mode. The controller, and every worker
+through two proxies (one per server), connect with the pair's multi-host URL and ` + "`target_session_attrs=read-write`" + `.
+About every ` + "`-failover-every`" + `, in the place of the next fault, the nemesis kills the primary (` + "`pg_ctl -m immediate`" + `),
+promotes the standby and rebuilds the old primary as the new standby from a fresh ` + "`pg_basebackup`" + `; in asynchronous mode
+it first detaches the standby (it stops receiving WAL) one failover in two, for 1 to 3 ttl, so that the failover loses
+what the primary acknowledged meanwhile. The history records each failover's kill, promotion and timelines. To know
+what a failover may have lost, the controller samples the primary's flushed WAL position every 20 ms; a commit
+acknowledged before a sample ends at or below it, and the new timeline's history file says where it branched: everything
+acknowledged before the last sample at or below the branch point is on the new primary. The checker holds each mode
+to what the README's *Running with a standby* promises:
+
+- **Synchronous**: every invariant as on one server. A failover is a fault of the whole server, as a restart is,
+  where a fault excuses (7, 8).
+- **Asynchronous**: what the old primary acknowledged after that point may be lost: an acquisition (a token a
+  client was told of, in no lease log), a renewal (its holder believes past the expiry in the log), a write (not in
+  the log), what a read saw (a fenced write on the new primary writes the read's value plus one over less). These
+  are counted, not violations. Invariant 1 holds with no exception, and more: every token the new primary grants
+  for a key is above the token of every acquisition a failover lost on it. A holder whose acquisition or renewal was
+  lost must give the key up (its Context cancelled, or a Release) by its last confirmation's send plus its ttl (3),
+  and its overlap with the key's next holder is counted only until then (2; 4 and 5 for the election's and the
+  job's). Nothing else is excused. ` + "`-mutate old-tokens`" + ` installs ` + "`lock_acquire`" + ` without the timeline's floor
+  (migration 000012's down migration) and detaches the standby before every failover: invariant 1 then fails.
+
 ## What this does not show
 
 - A lease does not stop a paused holder: its belief outlives its lease (see the paused leader's excess above), and
@@ -357,6 +383,10 @@ from a kill to the next acquisition of what the killed worker held (a lock's lea
   stamped on the worker's clock and held against the database's ` + "`clock_timestamp()`" + `: the same clock here.
 - A stop lands in a ` + "`WithLock`" + ` section, but only finds a waiter for that key by chance; invariant 2 fails on the
   hand-back under a running section whether or not anyone took the key.
+- Failovers run on one machine, with the standby a local process: replication lag is small unless the standby is
+  detached, and the outage (kill to promotion) is what ` + "`pg_ctl promote`" + ` takes here, not what a failover manager
+  (Patroni, CloudNativePG) takes to decide. The confirmation of every held lock after a reconnect (issue 19) is not
+  yet in the client, so a lost holder learns of the loss at its next renewal or its deadline.
 `
 
 // The sections of the report file that failover runs write, in their order: each
