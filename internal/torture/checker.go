@@ -701,7 +701,7 @@ func (c *checker) leader() {
 	for i, t := range terms {
 		for _, u := range terms[:i] {
 			if d := minTime(t.end, u.end).Sub(t.start); d > c.slack && u.worker != t.worker {
-				if c.failoverAllows(leaderKey, u.token, t.start, minTime(t.end, u.end)) {
+				if c.failoverAllows(leaderKey, u.token, minTime(t.end, u.end)) {
 					c.r.Stats.Failover.LeaderOverlaps++
 					continue
 				}
@@ -753,7 +753,7 @@ func (c *checker) job() {
 				c.r.violate(invJob, "%s ran tick %d under token %d, which the database never granted", r.Worker, n, r.Token)
 			case c.liveAt(l, r.Local):
 				live++
-			case c.failoverAllows(jobLeaseKey, r.Token, r.Local, r.Local):
+			case c.failoverAllows(jobLeaseKey, r.Token, r.Local):
 				c.r.Stats.Failover.Ticks++
 			case c.stoppedAt(r.Worker, l.end().Add(-c.slack), r.Local):
 				c.r.Stats.TickZombies++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -253,21 +254,11 @@ type server struct {
 func serversOf(cc *pgx.ConnConfig) []server {
 	out := []server{{cc.Host, cc.Port}}
 	for _, fb := range cc.Fallbacks {
-		s := server{fb.Host, fb.Port}
-		if !containsServer(out, s) {
+		if s := (server{fb.Host, fb.Port}); !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 	}
 	return out
-}
-
-func containsServer(ss []server, s server) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // dialThrough points a worker's connection config at its proxies (host:port, in the

@@ -175,24 +175,26 @@ func (c *checker) staleRead(w WriteRow) bool {
 }
 
 // liveAt reports whether l was live at t: in the log, or, for a lease whose acquisition
-// or a renewal a failover lost, on the old primary until it died.
+// or a renewal a failover lost, on the old primary until the kill began. A holder that
+// acts on it from then on, beside a holder on the new primary, is what failoverAllows
+// weighs.
 func (c *checker) liveAt(l *lease, t time.Time) bool {
 	switch {
 	case l.lost != nil:
-		return !t.After(l.lost.Killed)
-	case l.cut != nil && !t.After(l.cut.Killed):
+		return t.Before(l.lost.Kill)
+	case l.cut != nil && t.Before(l.cut.Kill):
 		return true
 	}
 	return t.Before(l.end())
 }
 
 // failoverAllows reports whether a holder of key's lease of token believing it held it
-// from the given time to the given time, beside another holder, is what an asynchronous
-// failover allows: a failover lost the lease's acquisition or a renewal, and the belief
-// ended by the lease's bound (plus the slack).
-func (c *checker) failoverAllows(key string, token int64, _, to time.Time) bool {
+// until the given time, beside another holder, is what an asynchronous failover allows:
+// a failover lost the lease's acquisition or a renewal, and the belief ended by the
+// lease's bound (plus the slack).
+func (c *checker) failoverAllows(key string, token int64, until time.Time) bool {
 	l := c.byToken[keyToken{key, token}]
-	return l != nil && (l.lost != nil || l.cut != nil) && !to.After(l.bound.Add(c.slack))
+	return l != nil && (l.lost != nil || l.cut != nil) && !until.After(l.bound.Add(c.slack))
 }
 
 // failovers checks the leases the failovers lost (lostLeases) and measures each

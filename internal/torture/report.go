@@ -229,7 +229,8 @@ func failoverTables(p func(string, ...any), h string, r *Result) {
 	p("| leases whose holder believed past their expiry on the new primary, on a renewal a failover lost | %d |", st.RenewalsLost)
 	p("| writes a client saw succeed that a failover lost / fenced writes built on a read of commits a failover lost | %d / %d |", st.WritesLost, st.StaleReads)
 	p("| the holder of a lost acquisition, held at the kill, told (its Context cancelled, or it let go), from the promotion (before it: negative): p50 / p99 / max | %s |", pcts(st.LostTold))
-	p("| ... from its last confirmation: p50 / p99 / max (bound: its ttl, %v; plus the slack, %v) | %s |", r.Config.TTL, r.Config.Slack, pcts(st.LostBelief))
+	p("| ... from its last confirmation: p50 / p99 / max (bound: its ttl, %v, or %v for the long lock of each worker's pair; plus the slack, %v) | %s |",
+		r.Config.TTL, 2*r.Config.TTL, r.Config.Slack, pcts(st.LostBelief))
 	p("| overlaps of such a holder with the key's next holder, within the bound: n / p50 / max | %d / %s |", len(st.Overlaps), pcts50max(st.Overlaps))
 	p("| ... of leaders / of job runs, within the bound | %d / %d |", st.LeaderOverlaps, st.Ticks)
 	p("")
