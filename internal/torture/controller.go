@@ -48,10 +48,6 @@ const (
 // allFaults in the order reports list them.
 var allFaults = []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow, faultRestart, faultFailover}
 
-// serverFaults are the faults that hit the whole server, not one worker: every worker's
-// connections break.
-var serverFaults = []string{faultRestart, faultFailover}
-
 // faultWeight is how often the nemesis picks each fault, relative to the others. A
 // failover is not drawn: it comes on its own schedule (Config.FailoverEvery).
 var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultStop: 2, faultTerminate: 2, faultPartition: 2,

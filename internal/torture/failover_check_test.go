@@ -171,4 +171,9 @@ func TestReportFileKeepsEachRunsSection(t *testing.T) {
 	require.Equal(t, file, reportFile(file, sync), "writing a section again replaces it")
 	require.Equal(t, 1, strings.Count(file, "## How it works"))
 	require.True(t, strings.HasSuffix(file, method))
+
+	const byHand = "## A run added by hand\n\nIts numbers.\n"
+	file = reportFile(file+"\n"+byHand, async)
+	require.True(t, strings.HasSuffix(file, method+"\n"+byHand), "what follows the fixed part stays")
+	require.True(t, strings.HasSuffix(reportFile(file, one), method+"\n"+byHand), "and stays when the run on one server is written again")
 }

@@ -101,7 +101,6 @@ func defaultConfig() Config {
 
 func runController(args []string, out io.Writer) error {
 	cfg := defaultConfig()
-	var err error
 	fs := flag.NewFlagSet("torture", flag.ContinueOnError)
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker processes")
 	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "lock keys")
@@ -124,7 +123,7 @@ func runController(args []string, out io.Writer) error {
 	fs.StringVar(&cfg.Note, "note", "", "a note for the report: why a fault was left out, what else ran on the machine")
 	fs.StringVar(&cfg.Mutate, "mutate", "", "restore an old behaviour in the workers, to see the checker fail: "+
 		strings.Join(slices.Sorted(maps.Keys(mutations)), ", ")+" (never with the default -report)")
-	if err = fs.Parse(args); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg.Faults = nil
@@ -135,16 +134,13 @@ func runController(args []string, out io.Writer) error {
 	}
 	if cfg.Failover != "" {
 		// The failover takes the restart's place: the pair is the run's own.
-		cfg.Faults = append(cfg.Faults, faultFailover)
-		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "restart" && *restart {
-				err = errors.New("torture: -restart restarts the system's server: not with -failover")
-			}
-		})
+		asked := false
+		fs.Visit(func(f *flag.Flag) { asked = asked || f.Name == "restart" })
+		if asked && *restart {
+			return errors.New("torture: -restart restarts the system's server: not with -failover")
+		}
 		*restart = false
-	}
-	if err != nil {
-		return err
+		cfg.Faults = append(cfg.Faults, faultFailover)
 	}
 	if *restart {
 		cfg.Faults = append(cfg.Faults, faultRestart)
@@ -165,6 +161,7 @@ func runController(args []string, out io.Writer) error {
 	}
 	cfg.Command = "go run ./internal/torture " + strings.Join(args, " ")
 	cfg.Log = out
+	var err error
 	if cfg.WorkerBin, err = os.Executable(); err != nil {
 		return err
 	}

@@ -45,7 +45,8 @@ func summary(r *Result) string {
 		p("The same run on a primary and a streaming standby of its own (issue 19), in %s replication, reached through a", modeName(cfg.Failover))
 		p("multi-host URL (`target_session_attrs=read-write`), with one more fault: the primary is killed (`pg_ctl -m")
 		p("immediate`), the standby promoted, and the old primary rebuilt as the new standby (`pg_basebackup`), about every")
-		p("%v. %s", cfg.FailoverEvery, failoverPromise(cfg.Failover))
+		p("%v.", cfg.FailoverEvery)
+		p("%s", failoverPromise(cfg.Failover))
 	}
 	p("")
 	p("%s The run", h)
@@ -203,14 +204,14 @@ func modeName(mode string) string {
 // the checker holds the run to.
 func failoverPromise(mode string) string {
 	if mode == failoverSync {
-		return "With synchronous replication pglock promises what it promises on one server: the checker holds the " +
-			"run to every invariant as on one server, a failover counting as a fault of the whole server, as a restart does."
+		return `With synchronous replication pglock promises what it promises on one server: the checker holds the run to
+every invariant as on one server, a failover counting as a fault of the whole server, as a restart does.`
 	}
-	return "With asynchronous replication a failover may lose the last commits the old primary acknowledged; pglock " +
-		"promises that fencing holds (every token the new primary issues is greater than every token the old one " +
-		"issued: invariant 1, with no exception), and that a holder whose acquisition or renewal was lost gives the key " +
-		"up by its last confirmation plus its ttl. The checker counts what the failovers lost and the overlaps they " +
-		"allowed (below), and blames pglock for nothing else."
+	return `With asynchronous replication a failover may lose the last commits the old primary acknowledged. pglock
+promises that fencing holds (every token the new primary issues is greater than every token the old one issued:
+invariant 1, with no exception), and that a holder whose acquisition or renewal was lost gives the key up by its last
+confirmation plus its ttl. The checker counts what the failovers lost and the overlaps they allowed (below), and
+blames pglock for nothing else.`
 }
 
 // failoverTables renders a failover run's failovers: each one, and their numbers.
@@ -399,10 +400,11 @@ func sectionMarkers(name string) (start, end string) {
 }
 
 // reportFile returns the report file with r's report in it, old being the file so far:
-// a run on one server replaces everything but the failover runs' sections, a failover
-// run its own section only; the fixed part (method) comes last.
+// a run on one server replaces its own report, a failover run its own section; the fixed
+// part (method) follows them, then whatever the file had after the fixed part (reports
+// added by hand, such as issue 14's run whose restarts are crashes).
 func reportFile(old string, r *Result) string {
-	head, sections := splitReport(old)
+	head, sections, tail := splitReport(old)
 	if r.Config.Failover == "" {
 		head = summary(r)
 	} else {
@@ -417,13 +419,25 @@ func reportFile(old string, r *Result) string {
 		}
 	}
 	b.WriteString(method)
+	if tail != "" {
+		b.WriteString("\n" + tail)
+	}
 	return b.String()
 }
 
-// splitReport splits a report file into the run on one server's report and the failover
-// runs' sections, by name.
-func splitReport(file string) (head string, sections map[string]string) {
+// lastMethodHeading is the fixed part's last heading: the next heading after it starts
+// what the file has after the fixed part.
+const lastMethodHeading = "## What this does not show\n"
+
+// splitReport splits a report file into the run on one server's report, the failover
+// runs' sections, by name, and what follows the fixed part.
+func splitReport(file string) (head string, sections map[string]string, tail string) {
 	sections = map[string]string{}
+	if i := strings.Index(file, lastMethodHeading); i >= 0 {
+		if j := strings.Index(file[i+len(lastMethodHeading):], "\n## "); j >= 0 {
+			tail = file[i+len(lastMethodHeading)+j+1:]
+		}
+	}
 	cut := len(file)
 	for _, mark := range []string{"<!-- torture:", "## How it works"} {
 		if i := strings.Index(file, mark); i >= 0 && i < cut {
@@ -436,5 +450,5 @@ func splitReport(file string) (head string, sections map[string]string) {
 			sections[name] = file[i+len(start) : j]
 		}
 	}
-	return file[:cut], sections
+	return file[:cut], sections, tail
 }
