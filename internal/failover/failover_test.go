@@ -4,6 +4,8 @@ package failover_test
 
 import (
 	"context"
+	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -81,4 +83,38 @@ func queryRow(t *testing.T, url, sql string, dest any, args ...any) {
 	require.NoError(t, err)
 	defer conn.Close(context.WithoutCancel(t.Context()))
 	require.NoError(t, conn.QueryRow(t.Context(), sql, args...).Scan(dest))
+}
+
+// TestClusterBranch: the new timeline branches at or after the last commit the standby
+// had replayed, and Primary names the promoted server.
+func TestClusterBranch(t *testing.T) {
+	if os.Getenv(failover.EnableEnv) != "1" {
+		t.Skipf("set %s=1", failover.EnableEnv)
+	}
+	c, err := failover.StartCluster(failover.Asynchronous)
+	if errors.Is(err, failover.ErrUnavailable) && os.Getenv("CI") == "" {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close()) }()
+	require.Equal(t, "a", c.Primary())
+	exec(t, c.URL(), "CREATE TABLE t (n int)")
+	var replayed string
+	require.Eventually(t, func() bool {
+		var lsn string
+		queryRow(t, c.PrimaryURL(), "SELECT pg_current_wal_flush_lsn()::text", &lsn)
+		var ok bool
+		queryRow(t, c.StandbyURL(), "SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn", &ok, lsn)
+		replayed = lsn
+		return ok
+	}, 30*time.Second, 10*time.Millisecond)
+	_, err = c.Branch()
+	require.Error(t, err, "timeline 1 has no history")
+	require.NoError(t, c.Failover())
+	require.Equal(t, "b", c.Primary())
+	branch, err := c.Branch()
+	require.NoError(t, err)
+	var after bool
+	queryRow(t, c.PrimaryURL(), "SELECT $1::pg_lsn >= $2::pg_lsn", &after, branch, replayed)
+	require.True(t, after, "branch %s, replayed %s", branch, replayed)
 }

@@ -51,6 +51,8 @@ type Result struct {
 	// the evidence showed to be the machine's doing, and what it showed.
 	Excused []string
 	Stats   Stats
+	// Failovers are the run's failovers (failover runs), for the report.
+	Failovers []Failover
 }
 
 func (r *Result) excuse(format string, args ...any) {
@@ -111,6 +113,7 @@ type Stats struct {
 	GhostsExcused    int            // ... of those, with their worker dead, paused, cut off or killed meanwhile
 	GhostsStarved    int            // ... of those, excused: the evidence shows the machine kept the hand-back from running in time
 	GhostTime        []time.Duration
+	Failover         FailoverStats // failover runs (failover_check.go)
 }
 
 // TableStats counts one table's writes: as the clients saw them, and as the database
@@ -136,6 +139,14 @@ type lease struct {
 	start, expires     time.Time
 	released           time.Time   // zero unless handed back while live
 	renewals           []time.Time // on the database clock
+	// In an asynchronous failover run (failover_check.go): lost is the failover that lost
+	// this acquisition, which its client was told of (it is in no lease log: start is
+	// when its client learned of it); cut is the failover that lost a renewal its client
+	// was told of (its expiry in the log is earlier than its holder's belief). bound is,
+	// for both, the latest its holder may believe it holds it: its last confirmation's
+	// send plus its ttl, the README's "never more than ttl".
+	lost, cut *Failover
+	bound     time.Time
 }
 
 // end is when the lease stopped being live: its release or its expiry.
@@ -165,7 +176,9 @@ type checker struct {
 	stops   map[string][]Fault // pauses by worker
 	faults  map[string][]Fault // every fault by target; the server's under ""
 	leases  map[string][]*lease
-	byToken map[keyToken]*lease
+	byToken map[keyToken]*lease // the lost ones too (lease.lost)
+	lost    []*lease            // acquisitions a failover lost (failover_check.go)
+	told    toldIndex           // when each client learned it held a lease, and lost it
 	recs    map[string][]Record // by worker, in file order
 	ops     map[string][]Record // by op, in file order
 
@@ -178,7 +191,7 @@ type checker struct {
 
 // check verifies the invariants on h.
 func check(h *History) *Result {
-	c := &checker{h: h, r: &Result{Config: h.Config}, slack: h.Config.Slack,
+	c := &checker{h: h, r: &Result{Config: h.Config, Failovers: h.Failovers}, slack: h.Config.Slack,
 		lives: map[string]Life{}, stops: map[string][]Fault{}, faults: map[string][]Fault{}, leases: map[string][]*lease{},
 		byToken: map[keyToken]*lease{}, recs: map[string][]Record{}, ops: map[string][]Record{}}
 	c.r.Stats = Stats{Records: len(h.Records), Workers: len(h.Lives), Tables: map[string]*TableStats{},
@@ -186,6 +199,8 @@ func check(h *History) *Result {
 		SectionCancels: map[string]int{}}
 	c.index()
 	c.indexEvidence()
+	c.indexTold()
+	c.indexFailovers()
 	c.run()
 	c.counters()
 	c.overlaps()
@@ -196,6 +211,7 @@ func check(h *History) *Result {
 	c.longTxs()
 	c.ghosts()
 	c.handovers()
+	c.failovers()
 	return c.r
 }
 
@@ -359,9 +375,13 @@ func (c *checker) counters() {
 		for _, k := range keys {
 			ws := byKey[k]
 			st.Applied += len(ws)
+			stale := int64(0) // what writes built on reads a failover lost added beyond 1 each
 			for i, w := range ws {
 				inDB[w.Op] = true
-				if w.New != w.Old+1 && fenced {
+				if w.New != w.Old+1 && fenced && c.staleRead(w) {
+					c.r.Stats.Failover.StaleReads++
+					stale += w.New - w.Old - 1
+				} else if w.New != w.Old+1 && fenced {
 					c.r.violate(invCounters, "%s[%s]: op %s wrote %d over %d (token %d): a lost update", table, k, w.Op, w.New, w.Old, w.NewToken)
 				}
 				if i > 0 && w.NewToken < ws[i-1].NewToken && fenced {
@@ -375,7 +395,7 @@ func (c *checker) counters() {
 			switch {
 			case !fenced:
 				c.r.Stats.LostUpdates += len(ws) - int(final)
-			case final != int64(len(ws)):
+			case final != int64(len(ws))+stale:
 				c.r.violate(invCounters, "%s[%s] = %d after %d accepted writes", table, k, final, len(ws))
 			}
 		}
@@ -388,7 +408,9 @@ func (c *checker) counters() {
 				st.ClaimRefused++
 			case r.F == fWrite && r.Type == typeOK:
 				st.OK++
-				if !inDB[r.Op] {
+				if !inDB[r.Op] && c.lossOf(r.Local) != nil {
+					c.r.Stats.Failover.WritesLost++
+				} else if !inDB[r.Op] {
 					c.r.violate(invCounters, "%s[%s]: op %s (token %d) was acknowledged but is not in the database", table, r.Key, r.Op, r.Token)
 				}
 			case r.F == fWrite && r.Type == typeFail:
@@ -507,31 +529,7 @@ func (c *checker) sections() {
 // worker took itself (watched), the signal is the cancellation of the lock's Context,
 // which the worker records; for the election's and the job's, the first sign of any.
 func (c *checker) signals() {
-	acquired := map[workerToken]time.Time{} // when the client learned it held the lease
-	signal := map[workerToken]time.Time{}
-	ctxLost := map[workerToken]time.Time{}
-	releasing := map[workerToken]time.Time{}
-	first := func(m map[workerToken]time.Time, k workerToken, t time.Time) {
-		if s, ok := m[k]; !ok || t.Before(s) {
-			m[k] = t
-		}
-	}
-	for _, r := range c.h.Records {
-		k := workerToken{r.Worker, r.Token}
-		switch {
-		case r.Type == typeEvent && r.F == string(pglock.EventAcquired):
-			acquired[k] = r.Local
-		case r.F == string(pglock.EventLost):
-			first(signal, k, r.Local)
-		case r.F == fCtxLost:
-			first(ctxLost, k, r.Local)
-			first(signal, k, r.Local)
-		case r.F == fUnlead && strings.Contains(r.Reason, "lost"):
-			first(signal, k, r.Local)
-		case r.F == fRelease && r.Type == typeInvoke:
-			releasing[k] = r.Local
-		}
-	}
+	acquired, signal, ctxLost, releasing := c.told.acquired, c.told.signal, c.told.ctxLost, c.told.releasing
 	for _, key := range slices.Sorted(maps.Keys(c.leases)) {
 		for _, l := range c.leases[key] {
 			k := workerToken{l.worker, l.token}
@@ -540,10 +538,16 @@ func (c *checker) signals() {
 				continue // unknown to its client, or handed back live
 			}
 			// Due by the expiry, or at once when the acquisition's reply came after it (a
-			// partition held it back): a client cannot be told before it knows.
+			// partition held it back): a client cannot be told before it knows. When an
+			// asynchronous failover lost a renewal its client was told of, the client
+			// believes past the expiry in the log: due by its bound (failover_check.go).
 			e := l.expires
 			if known.After(e) {
 				e = known
+			}
+			if l.cut != nil && l.bound.After(e) {
+				e = l.bound
+				c.r.Stats.Failover.RenewalsLost++
 			}
 			if !c.alive(l.worker, e, e.Add(c.slack)) {
 				continue // killed, or shut down, before it could notice
@@ -586,6 +590,56 @@ func (c *checker) signals() {
 			}
 		}
 	}
+}
+
+// toldIndex says, per worker and token, when the client learned that it held a lease
+// (its acquired event), and the first signs that it no longer did: a loss signalled
+// (any sign; and the lock's Context cancelled with a *LockLostError), or a Release
+// called (the last such call).
+type toldIndex struct {
+	acquired, signal, ctxLost, releasing map[workerToken]time.Time
+}
+
+func (c *checker) indexTold() {
+	t := toldIndex{acquired: map[workerToken]time.Time{}, signal: map[workerToken]time.Time{},
+		ctxLost: map[workerToken]time.Time{}, releasing: map[workerToken]time.Time{}}
+	first := func(m map[workerToken]time.Time, k workerToken, at time.Time) {
+		if s, ok := m[k]; !ok || at.Before(s) {
+			m[k] = at
+		}
+	}
+	for _, r := range c.h.Records {
+		k := workerToken{r.Worker, r.Token}
+		switch {
+		case r.Type == typeEvent && r.F == string(pglock.EventAcquired):
+			t.acquired[k] = r.Local
+		case r.F == string(pglock.EventLost):
+			first(t.signal, k, r.Local)
+		case r.F == fCtxLost:
+			first(t.ctxLost, k, r.Local)
+			first(t.signal, k, r.Local)
+		case r.F == fUnlead && strings.Contains(r.Reason, "lost"):
+			first(t.signal, k, r.Local)
+		case r.F == fRelease && r.Type == typeInvoke:
+			t.releasing[k] = r.Local
+		}
+	}
+	c.told = t
+}
+
+// gaveUp returns when worker stopped believing that it held key's lease of token: the
+// first sign of its loss (for the locks it took itself, its Context's cancellation), or
+// its Release call when that came first.
+func (c *checker) gaveUp(worker, key string, token int64) (time.Time, bool) {
+	k := workerToken{worker, token}
+	s, ok := c.told.signal[k]
+	if watched(key) {
+		s, ok = c.told.ctxLost[k]
+	}
+	if rel, let := c.told.releasing[k]; let && (!ok || rel.Before(s)) {
+		return rel, true
+	}
+	return s, ok
 }
 
 // watched reports whether the worker records the cancellation of key's locks' Context:
@@ -647,6 +701,10 @@ func (c *checker) leader() {
 	for i, t := range terms {
 		for _, u := range terms[:i] {
 			if d := minTime(t.end, u.end).Sub(t.start); d > c.slack && u.worker != t.worker {
+				if c.failoverAllows(leaderKey, u.token, minTime(t.end, u.end)) {
+					c.r.Stats.Failover.LeaderOverlaps++
+					continue
+				}
 				c.r.violate(invLeader, "%s (token %d) and %s (token %d) both led for %v from %s",
 					u.worker, u.token, t.worker, t.token, d.Round(time.Microsecond), stamp(t.start))
 			}
@@ -693,8 +751,10 @@ func (c *checker) job() {
 			switch {
 			case l == nil:
 				c.r.violate(invJob, "%s ran tick %d under token %d, which the database never granted", r.Worker, n, r.Token)
-			case r.Local.Before(l.end()):
+			case c.liveAt(l, r.Local):
 				live++
+			case c.failoverAllows(jobLeaseKey, r.Token, r.Local):
+				c.r.Stats.Failover.Ticks++
 			case c.stoppedAt(r.Worker, l.end().Add(-c.slack), r.Local):
 				c.r.Stats.TickZombies++
 			case len(rs) > 1:
@@ -817,7 +877,7 @@ func (c *checker) ghosts() {
 			}
 			c.r.Stats.GhostsExpired++
 			if !c.alive(l.worker, l.start, l.expires) ||
-				c.faulted(l.worker, l.start.Add(-c.h.Config.TTL), l.expires, faultPause, faultPartition, faultKill, faultStop, faultTerminate, faultRestart) {
+				c.faulted(l.worker, l.start.Add(-c.h.Config.TTL), l.expires, faultPause, faultPartition, faultKill, faultStop, faultTerminate, faultRestart, faultFailover) {
 				c.r.Stats.GhostsExcused++
 				continue
 			}

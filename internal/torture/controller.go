@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pglock/internal/failover"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 )
 
@@ -41,12 +42,14 @@ const (
 	faultDelay     = "delay"     // delay every chunk of a worker's proxy by ttl/20 to ttl/8 each way, for 1-3 ttl
 	faultSlow      = "slow"      // SIGUSR1: a worker burns every P of its CPU for Config.Burn
 	faultRestart   = "restart"   // restart PostgreSQL (Config.RestartCommand)
+	faultFailover  = "failover"  // kill the primary, promote the standby, rebuild the old primary as the standby (Config.Failover)
 )
 
 // allFaults in the order reports list them.
-var allFaults = []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow, faultRestart}
+var allFaults = []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow, faultRestart, faultFailover}
 
-// faultWeight is how often the nemesis picks each fault, relative to the others.
+// faultWeight is how often the nemesis picks each fault, relative to the others. A
+// failover is not drawn: it comes on its own schedule (Config.FailoverEvery).
 var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultStop: 2, faultTerminate: 2, faultPartition: 2,
 	faultDelay: 2, faultSlow: 1, faultRestart: 1}
 
@@ -58,23 +61,29 @@ const (
 	mutOldRenewal  = "old-renewal"
 	mutOldAcquire  = "old-acquire"
 	mutOldDeadline = "old-deadline"
+	mutOldTokens   = "old-tokens"
 )
 
-// mutations lists what each mutation does, the invariant it must break, and the fault
-// that walks its path (none: the workers walk it on their own).
+// mutations lists what each mutation does, the invariant it must break, the fault that
+// walks its path (none: the workers walk it on their own), and the replication a
+// failover fault needs for it (Config.Failover).
 var mutations = map[string]struct {
 	What      string
 	Invariant int
 	Fault     string
+	Failover  string
 }{
 	mutOldClose: {"on SIGTERM the worker hands back (pglock.lock_release) the key of the WithLock section in progress, " +
-		"before Close, as Close did before it waited for the section to return", invOverlap, faultStop},
+		"before Close, as Close did before it waited for the section to return", invOverlap, faultStop, ""},
 	mutOldRenewal: {"the long fenced transaction also row-locks (FOR SHARE) the rows of both locks it holds, " +
-		"which the old batched renewal waited on until its deadline", invRenew, ""},
+		"which the old batched renewal waited on until its deadline", invRenew, "", ""},
 	mutOldAcquire: {"probes call pglock.lock_acquire directly and hand nothing back when their ctx ends in flight, " +
-		"as the old TryAcquire did", invGhost, faultDelay},
+		"as the old TryAcquire did", invGhost, faultDelay, ""},
 	mutOldDeadline: {"the short lock's loss is seen (its ctx cancellation recorded) only once the long lock's ctx ends, " +
-		"as when the old renewer's call for the long lock held up the short one's deadline", invSignal, faultPartition},
+		"as when the old renewer's call for the long lock held up the short one's deadline", invSignal, faultPartition, ""},
+	mutOldTokens: {"the run installs pglock.lock_acquire as migration 000011 left it (000012's down migration): tokens without " +
+		"the timeline's floor, so that a promoted standby that lost the old primary's last acquisitions hands out their tokens again; " +
+		"every asynchronous failover detaches the standby first", invCounters, faultFailover, failoverAsync},
 }
 
 // checkMutation returns an error for a mutation that does not exist.
@@ -104,11 +113,16 @@ type Config struct {
 	Faults         []string      `json:"faults"`           // enabled faults
 	Mutate         string        `json:"mutate,omitempty"` // an old behaviour restored in the workers (mutations)
 	RestartCommand string        `json:"restart_command,omitempty"`
-	Started        time.Time     `json:"started"`
-	Command        string        `json:"command,omitempty"` // how the run was started, for the report
-	Note           string        `json:"note,omitempty"`    // what the report should say about the run's circumstances
-	Server         string        `json:"server,omitempty"`  // PostgreSQL's version
-	Host           string        `json:"host,omitempty"`    // the machine, for the report
+	// Failover, sync or async, runs on a primary and a streaming standby of the run's
+	// own (internal/failover) in that replication mode, reached through a multi-host
+	// URL, and fails it over about every FailoverEvery (faultFailover).
+	Failover      string        `json:"failover,omitempty"`
+	FailoverEvery time.Duration `json:"failover_every,omitempty"`
+	Started       time.Time     `json:"started"`
+	Command       string        `json:"command,omitempty"` // how the run was started, for the report
+	Note          string        `json:"note,omitempty"`    // what the report should say about the run's circumstances
+	Server        string        `json:"server,omitempty"`  // PostgreSQL's version
+	Host          string        `json:"host,omitempty"`    // the machine, for the report
 
 	DatabaseURL string    `json:"-"`
 	WorkerBin   string    `json:"-"` // this program, built
@@ -126,8 +140,19 @@ func (c *Config) check() error {
 		return errors.New("torture: want a ttl of 100ms or more")
 	case c.Duration <= 0 || c.Tick <= 0 || c.Think < 0 || c.Burn <= 0 || c.Gap <= 0 || c.Slack < 0:
 		return errors.New("torture: durations must be positive")
-	case c.DatabaseURL == "" || c.WorkerBin == "" || c.Dir == "":
-		return errors.New("torture: database URL, worker binary and directory are required")
+	case (c.DatabaseURL == "") == (c.Failover == "") || c.WorkerBin == "" || c.Dir == "":
+		return errors.New("torture: a database URL or a failover mode (not both), the worker binary and the directory are required")
+	case c.Failover != "" && c.Failover != failoverSync && c.Failover != failoverAsync:
+		return fmt.Errorf("torture: failover %q: want %s or %s", c.Failover, failoverSync, failoverAsync)
+	case c.Failover != "" && c.FailoverEvery <= 0:
+		return errors.New("torture: a failover mode needs a positive FailoverEvery")
+	case (c.Failover != "") != slices.Contains(c.Faults, faultFailover):
+		return errors.New("torture: the failover fault comes with a failover mode, and only with it")
+	case c.Failover != "" && slices.Contains(c.Faults, faultRestart):
+		return errors.New("torture: the restart fault restarts the system's server, not the failover pair's")
+	}
+	if m, ok := mutations[c.Mutate]; ok && m.Failover != "" && m.Failover != c.Failover {
+		return fmt.Errorf("torture: mutation %s needs -failover %s", c.Mutate, m.Failover)
 	}
 	for _, f := range c.Faults {
 		if !slices.Contains(allFaults, f) {
@@ -148,19 +173,55 @@ type controller struct {
 	slots []*slot
 	t0    time.Time
 
-	mu     sync.Mutex
-	lives  []*Life
-	faults []Fault
-	stalls []Stall
-	waits  []Wait
+	cluster  *failover.Cluster // the primary and the standby of a failover run; nil otherwise
+	timeline int               // the cluster's primary's
+
+	mu        sync.Mutex
+	lives     []*Life
+	faults    []Fault
+	stalls    []Stall
+	waits     []Wait
+	failovers []Failover
+	lsns      []lsnSample // the primary's flushed WAL, sampled (failover runs)
 }
 
-// slot is a place for a worker: its proxy outlives the worker's incarnations.
+// slot is a place for a worker: its proxies (one per server of the URL, in its order)
+// outlive the worker's incarnations.
 type slot struct {
-	n     int
-	proxy *tcpproxy.Proxy
-	inc   int
-	cur   *proc
+	n       int
+	proxies []*tcpproxy.Proxy
+	inc     int
+	cur     *proc
+}
+
+// addrs is the -dial list of the slot's worker: its proxies' addresses.
+func (s *slot) addrs() string {
+	var a []string
+	for _, p := range s.proxies {
+		a = append(a, p.Addr())
+	}
+	return strings.Join(a, ",")
+}
+
+func (s *slot) blackhole() {
+	for _, p := range s.proxies {
+		p.Blackhole()
+	}
+}
+
+// heal lifts a partition and a delay.
+func (s *slot) heal() {
+	for _, p := range s.proxies {
+		p.Restore()
+	}
+	s.delay(0)
+}
+
+func (s *slot) delay(d time.Duration) {
+	for _, p := range s.proxies {
+		p.SetDelay(tcpproxy.ToServer, d)
+		p.SetDelay(tcpproxy.ToClient, d)
+	}
 }
 
 // proc is a running worker process.
@@ -183,8 +244,15 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	c := &controller{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x7047))}
 	c.cfg.Started = time.Now()
+	if cfg.Failover != "" {
+		stop, err := c.startCluster(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer stop()
+	}
 	var err error
-	if c.pool, err = pgxpool.New(ctx, cfg.DatabaseURL); err != nil {
+	if c.pool, err = pgxpool.New(ctx, c.cfg.DatabaseURL); err != nil {
 		return nil, err
 	}
 	defer c.pool.Close()
@@ -192,8 +260,7 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := c.setup(ctx); err != nil {
 		return nil, fmt.Errorf("torture: set-up: %w", err)
 	}
-	cc := c.pool.Config().ConnConfig
-	dial := tcpproxy.To(cc.Host, cc.Port)
+	servers := serversOf(c.pool.Config().ConnConfig)
 	defer c.stopAll()
 	c.logf("seed %d, %d workers, %d keys, ttl %v, %v, faults %s; histories in %s",
 		cfg.Seed, cfg.Workers, cfg.Keys, cfg.TTL, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.Dir)
@@ -211,19 +278,31 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		})
 	})
 	watching.Go(func() {
-		sampleWaits(wctx, cfg.DatabaseURL, func(w Wait) {
+		sampleWaits(wctx, c.cfg.DatabaseURL, func(w Wait) {
 			c.mu.Lock()
 			c.waits = append(c.waits, w)
 			c.mu.Unlock()
 		})
 	})
+	if c.cluster != nil {
+		watching.Go(func() {
+			sampleLSNs(wctx, c.cfg.DatabaseURL, func(s lsnSample) {
+				c.mu.Lock()
+				c.lsns = append(c.lsns, s)
+				c.mu.Unlock()
+			})
+		})
+	}
 	for i := range cfg.Workers {
-		p, err := tcpproxy.New(dial)
-		if err != nil {
-			return nil, err
+		s := &slot{n: i + 1}
+		c.slots = append(c.slots, s) // stopAll closes its proxies
+		for _, srv := range servers {
+			p, err := tcpproxy.New(tcpproxy.To(srv.host, srv.port))
+			if err != nil {
+				return nil, err
+			}
+			s.proxies = append(s.proxies, p)
 		}
-		s := &slot{n: i + 1, proxy: p}
-		c.slots = append(c.slots, s)
 		if err := c.start(s); err != nil {
 			return nil, err
 		}
@@ -265,6 +344,9 @@ func (c *controller) setup(ctx context.Context) error {
 	if _, err := c.pool.Exec(ctx, schemaSQL); err != nil {
 		return err
 	}
+	if err := c.mutateTokens(ctx); err != nil {
+		return err
+	}
 	for _, table := range counterTables {
 		if _, err := c.pool.Exec(ctx, "INSERT INTO torture."+table+" (key) SELECT 'k' || i FROM generate_series(0, $1 - 1) i",
 			c.cfg.Keys); err != nil {
@@ -283,7 +365,7 @@ func (c *controller) start(s *slot) error {
 	if err != nil {
 		return err
 	}
-	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.proxy.Addr(), history: historyFile(c.cfg.Dir, id),
+	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.addrs(), history: historyFile(c.cfg.Dir, id),
 		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64(),
 		mutate: c.cfg.Mutate}
 	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
@@ -344,9 +426,7 @@ func (c *controller) stopAll() {
 			continue
 		default:
 		}
-		s.proxy.Restore()
-		s.proxy.SetDelay(tcpproxy.ToServer, 0)
-		s.proxy.SetDelay(tcpproxy.ToClient, 0)
+		s.heal()
 		_ = c.signal(s, syscall.SIGCONT)
 		_ = c.signal(s, syscall.SIGTERM)
 		running = append(running, s)
@@ -356,7 +436,9 @@ func (c *controller) stopAll() {
 		c.awaitExit(s, time.Until(deadline))
 	}
 	for _, s := range c.slots {
-		s.proxy.Close()
+		for _, p := range s.proxies {
+			p.Close()
+		}
 	}
 }
 
@@ -413,6 +495,14 @@ func (c *controller) nemesis(ctx context.Context) error {
 	if !sleep(ctx, min(2*c.cfg.TTL, c.cfg.Duration)) { // let the workers start
 		return context.Cause(ctx)
 	}
+	// Failovers come on their own schedule, in the place of the next fault drawn.
+	nextFailover := func() time.Time {
+		return time.Now().Add(c.between(c.cfg.FailoverEvery/2, 3*c.cfg.FailoverEvery/2))
+	}
+	var failoverAt time.Time
+	if c.cluster != nil {
+		failoverAt = nextFailover()
+	}
 	for time.Now().Before(end) {
 		if err := c.revive(); err != nil {
 			return err
@@ -421,9 +511,14 @@ func (c *controller) nemesis(ctx context.Context) error {
 			round = slices.Clone(bag)
 			c.rng.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 		}
-		if len(round) > 0 {
-			kind := round[0]
-			round = round[1:]
+		var kind string
+		switch {
+		case c.cluster != nil && !time.Now().Before(failoverAt):
+			kind, failoverAt = faultFailover, nextFailover()
+		case len(round) > 0:
+			kind, round = round[0], round[1:]
+		}
+		if kind != "" {
 			s := c.slots[c.rng.IntN(len(c.slots))]
 			f, err := c.inject(ctx, kind, s)
 			if err != nil {
@@ -496,18 +591,16 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 			WHERE datname = current_database() AND application_name = $1`, appName(f.Target)).Scan(&n)
 		f.Detail = strconv.Itoa(n) + " backends"
 	case faultPartition:
-		s.proxy.Blackhole()
+		s.blackhole()
 		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
-		s.proxy.Restore()
+		s.heal()
 	case faultDelay:
 		// Longer than a probe's timeout, shorter than what would cost a renewal.
 		d := c.between(c.cfg.TTL/20, c.cfg.TTL/8)
 		f.Detail = d.Round(time.Millisecond).String() + " each way"
-		s.proxy.SetDelay(tcpproxy.ToServer, d)
-		s.proxy.SetDelay(tcpproxy.ToClient, d)
+		s.delay(d)
 		sleep(ctx, c.between(c.cfg.TTL, 3*c.cfg.TTL))
-		s.proxy.SetDelay(tcpproxy.ToServer, 0)
-		s.proxy.SetDelay(tcpproxy.ToClient, 0)
+		s.delay(0)
 	case faultSlow:
 		if err = c.signal(s, syscall.SIGUSR1); err == nil {
 			sleep(ctx, c.cfg.Burn)
@@ -515,6 +608,17 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 	case faultRestart:
 		f.Target = ""
 		err = c.restart(ctx)
+	case faultFailover:
+		fo, err := c.failover(ctx)
+		if err != nil {
+			return f, fmt.Errorf("torture: failover: %w", err) // the pair is in no state to go on
+		}
+		c.mu.Lock()
+		c.failovers = append(c.failovers, fo)
+		c.mu.Unlock()
+		// The fault, for the checker's excuses, is the outage: from the kill to the
+		// promotion. Its detail says the rest.
+		return Fault{Kind: kind, Start: fo.Kill, End: fo.Promoted, Detail: fo.detail()}, nil
 	}
 	f.End = time.Now()
 	if err != nil {
@@ -645,6 +749,7 @@ func (c *controller) collect(ctx context.Context) (*History, error) {
 	defer c.mu.Unlock()
 	h.Faults = slices.Clone(c.faults)
 	h.Stalls, h.Waits = slices.Clone(c.stalls), slices.Clone(c.waits)
+	h.Failovers = slices.Clone(c.failovers)
 	for _, l := range c.lives {
 		h.Lives = append(h.Lives, *l)
 	}

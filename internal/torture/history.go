@@ -147,15 +147,18 @@ type Wait struct {
 // History is everything the checker reads: the workers' records, the nemesis's faults,
 // the processes, and what the database logged.
 type History struct {
-	Config  Config                      `json:"config"`
-	Records []Record                    `json:"-"`
-	Faults  []Fault                     `json:"-"`
-	Lives   []Life                      `json:"-"`
-	Leases  []LeaseRow                  `json:"-"`
-	Writes  []WriteRow                  `json:"-"`
-	Stalls  []Stall                     `json:"-"`
-	Waits   []Wait                      `json:"-"`
-	Final   map[string]map[string]int64 `json:"final"` // table → key → value at the end
+	Config  Config     `json:"config"`
+	Records []Record   `json:"-"`
+	Faults  []Fault    `json:"-"`
+	Lives   []Life     `json:"-"`
+	Leases  []LeaseRow `json:"-"`
+	Writes  []WriteRow `json:"-"`
+	Stalls  []Stall    `json:"-"`
+	Waits   []Wait     `json:"-"`
+	// Failovers, in a failover run (Config.Failover): when each primary was killed and
+	// its standby promoted, and what the new primary kept.
+	Failovers []Failover                  `json:"-"`
+	Final     map[string]map[string]int64 `json:"final"` // table → key → value at the end
 }
 
 // historyWriter appends a worker's records to its file, one write(2) per line, so a
@@ -210,6 +213,7 @@ const (
 	fileWrites  = "writes.jsonl"
 	fileStalls  = "stalls.jsonl" // the controller's
 	fileWaits   = "waits.jsonl"
+	fileFovers  = "failovers.jsonl"
 	historyGlob = "history-*.jsonl"
 )
 
@@ -280,6 +284,7 @@ func saveHistory(dir string, h *History) error {
 		writeJSONLines(filepath.Join(dir, fileWrites), h.Writes),
 		writeJSONLines(filepath.Join(dir, fileStalls), h.Stalls),
 		writeJSONLines(filepath.Join(dir, fileWaits), h.Waits),
+		writeJSONLines(filepath.Join(dir, fileFovers), h.Failovers),
 	)
 }
 
@@ -310,6 +315,9 @@ func loadHistory(dir string) (*History, error) {
 		return nil, err
 	}
 	if h.Waits, err = readJSONLines[Wait](filepath.Join(dir, fileWaits)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	if h.Failovers, err = readJSONLines[Failover](filepath.Join(dir, fileFovers)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	files, err := filepath.Glob(filepath.Join(dir, historyGlob))

@@ -27,6 +27,8 @@
 //	go run ./internal/torture -duration 3m -restart=false -report ''   # on a server others use; print only
 //	go run ./internal/torture check -dir /tmp/pglock-torture-123    # check a run's histories again
 //	go run ./internal/torture -duration 1m -restart=false -report '' -mutate old-close   # must fail invariant 2
+//	go run ./internal/torture -duration 10m -failover async   # on a primary and a standby of its own, failed over every ~20 s
+//	go run ./internal/torture -duration 1m -failover async -report '' -mutate old-tokens   # must fail invariant 1
 //
 // The report goes to RELIABILITY.md in the current directory unless -report says
 // otherwise; the histories stay in the directory the first line of output names.
@@ -34,7 +36,12 @@
 // The run works in a database of its own, created on the server PGLOCK_TEST_DATABASE_URL
 // names (else the libpq defaults') and dropped at the end, unless -db names one. The
 // restart fault restarts the whole server (-restart-cmd): leave it off while anything
-// else uses that server. The CI version is TestTorture, in this package.
+// else uses that server. With -failover sync or async, the run works instead on a
+// primary and a streaming standby of its own (internal/failover: the machine's
+// PostgreSQL binaries, as user postgres when run as root), in that replication mode,
+// and fails the primary over about every -failover-every (see failover.go); the report
+// then goes to a section of its own in -report, the rest of the file kept. The CI
+// versions are TestTorture and TestTortureFailover, in this package.
 package main
 
 import (
@@ -107,6 +114,8 @@ func runController(args []string, out io.Writer) error {
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "the seed of the fault schedule (0: a random one, printed)")
 	faults := fs.String("faults", strings.Join(cfg.Faults, ","), "the faults to inject, besides restart")
 	restart := fs.Bool("restart", true, "also restart PostgreSQL (the whole server: never while others use it)")
+	fs.StringVar(&cfg.Failover, "failover", "", "run on a primary and a streaming standby of the run's own, replicating sync or async, and fail it over (instead of restart)")
+	fs.DurationVar(&cfg.FailoverEvery, "failover-every", 20*time.Second, "the mean time between two failovers (with -failover)")
 	fs.StringVar(&cfg.RestartCommand, "restart-cmd", "", "the command that restarts PostgreSQL (default: pg_ctlcluster for the one cluster in /etc/postgresql)")
 	dbURL := fs.String("db", "", "an existing database with the pglock schema to run in (default: a fresh one, dropped at the end)")
 	fs.StringVar(&cfg.Dir, "dir", "", "where to keep the histories (default: a new temporary directory)")
@@ -119,9 +128,19 @@ func runController(args []string, out io.Writer) error {
 	}
 	cfg.Faults = nil
 	for _, f := range strings.Split(*faults, ",") {
-		if f = strings.TrimSpace(f); f != "" && f != faultRestart {
+		if f = strings.TrimSpace(f); f != "" && f != faultRestart && f != faultFailover {
 			cfg.Faults = append(cfg.Faults, f)
 		}
+	}
+	if cfg.Failover != "" {
+		// The failover takes the restart's place: the pair is the run's own.
+		asked := false
+		fs.Visit(func(f *flag.Flag) { asked = asked || f.Name == "restart" })
+		if asked && *restart {
+			return errors.New("torture: -restart restarts the system's server: not with -failover")
+		}
+		*restart = false
+		cfg.Faults = append(cfg.Faults, faultFailover)
 	}
 	if *restart {
 		cfg.Faults = append(cfg.Faults, faultRestart)
@@ -155,7 +174,7 @@ func runController(args []string, out io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg.DatabaseURL = *dbURL
-	if cfg.DatabaseURL == "" {
+	if cfg.DatabaseURL == "" && cfg.Failover == "" {
 		url, drop, err := freshDatabase(ctx, *restart)
 		if err != nil {
 			return err
@@ -173,10 +192,13 @@ func runController(args []string, out io.Writer) error {
 // finish prints the report, writes it to path unless path is empty, and returns an
 // error when the run failed.
 func finish(res *Result, out io.Writer, path string) error {
-	md := markdown(res)
-	fmt.Fprint(out, md)
+	fmt.Fprint(out, markdown(res))
 	if path != "" {
-		if err := os.WriteFile(path, []byte(md), 0o644); err != nil {
+		old, err := os.ReadFile(path)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(reportFile(string(old), res)), 0o644); err != nil {
 			return err
 		}
 		fmt.Fprintln(out, "torture: report written to", path)

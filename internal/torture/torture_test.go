@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/failover"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -38,8 +40,8 @@ func TestTorture(t *testing.T) {
 		t.Skip("the torture test runs for a minute; it is skipped with -short")
 	}
 	t.Parallel()
-	cfg := tortureConfig(t, 60*time.Second)
-	cfg.Faults = slices.DeleteFunc(slices.Clone(allFaults), func(f string) bool { return f == faultRestart })
+	cfg := tortureConfig(t, 60*time.Second, "")
+	cfg.Faults = slices.DeleteFunc(slices.Clone(allFaults), func(f string) bool { return f == faultRestart || f == faultFailover })
 	res := runTorture(t, cfg)
 	require.False(t, res.Failed(), "violations: see the report above; replay the faults with %s=%d", seedEnv, cfg.Seed)
 }
@@ -47,11 +49,42 @@ func TestTorture(t *testing.T) {
 // mutateEnv names a mutation for TestTortureMutation.
 const mutateEnv = "PGLOCK_TORTURE_MUTATE"
 
-// TestTortureMutation runs the torture test with an old behaviour restored in the
-// workers (PGLOCK_TORTURE_MUTATE=old-close, old-renewal, old-acquire or old-deadline)
-// and only the fault that walks its path, for 30 s, and requires the invariant the
-// mutation names to fail: the checker sees it in a real run, not only in the
-// histories of TestCheckerCatchesTheOldBehaviours. It runs only when asked.
+// TestTortureFailover is the CI version of the failover runs (issue 19): 3 worker
+// processes for 25 s in each replication mode, on a primary and a standby of the run's
+// own, failed over about every 8 s, with pauses of lock holders between failovers (the
+// other faults are TestTorture's). It fails on any violation: in synchronous mode as on
+// one server; in asynchronous mode, past what the mode allows (see failover_check.go).
+// Invariant 6 (the checker is not blind) is TestTorture's: in 25 s the pauses need not
+// hit a critical section; TestTortureMutation with old-tokens shows that the checker
+// sees a token that goes back across a failover.
+// It runs when PGLOCK_FAILOVER=1, as .ci/failover sets; each mode takes about 40 s,
+// and the two run side by side.
+func TestTortureFailover(t *testing.T) {
+	if os.Getenv(failover.EnableEnv) != "1" {
+		t.Skipf("set %s=1 to run the torture test across failovers (.ci/failover does)", failover.EnableEnv)
+	}
+	for _, mode := range []string{failoverSync, failoverAsync} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			cfg := tortureConfig(t, 25*time.Second, mode)
+			cfg.Faults = []string{faultPause, faultFailover}
+			res := runTorture(t, cfg)
+			for inv, n := range res.Violations {
+				if inv != invBlind { // TestTorture's: 25 s of pauses need not hit a critical section
+					require.Zero(t, n, "invariant %d: see the report above; replay the faults with %s=%d", inv, seedEnv, cfg.Seed)
+				}
+			}
+			require.Positive(t, res.Stats.Failover.Failovers)
+		})
+	}
+}
+
+// TestTortureMutation runs the torture test with an old behaviour restored
+// (PGLOCK_TORTURE_MUTATE=old-close, old-renewal, old-acquire, old-deadline, or
+// old-tokens, which runs across asynchronous failovers) and only the fault that walks
+// its path, for 30 s, and requires the invariant the mutation names to fail: the
+// checker sees it in a real run, not only in the histories of
+// TestCheckerCatchesTheOldBehaviours. It runs only when asked.
 func TestTortureMutation(t *testing.T) {
 	name := os.Getenv(mutateEnv)
 	if name == "" {
@@ -59,7 +92,7 @@ func TestTortureMutation(t *testing.T) {
 	}
 	m, ok := mutations[name]
 	require.True(t, ok, "%s=%s: no such mutation", mutateEnv, name)
-	cfg := tortureConfig(t, 30*time.Second)
+	cfg := tortureConfig(t, 30*time.Second, m.Failover)
 	cfg.Mutate, cfg.Faults = name, nil
 	if m.Fault != "" {
 		cfg.Faults = []string{m.Fault}
@@ -69,8 +102,10 @@ func TestTortureMutation(t *testing.T) {
 }
 
 // tortureConfig is the CI configuration: 3 workers for d, or PGLOCK_TORTURE_DURATION,
-// on a database of the test's own, with a seed of the clock's or PGLOCK_TORTURE_SEED.
-func tortureConfig(t *testing.T, d time.Duration) Config {
+// on a database of the test's own (with a failover mode, on a primary and a standby of
+// the run's own, failed over every 8 s), with a seed of the clock's or
+// PGLOCK_TORTURE_SEED.
+func tortureConfig(t *testing.T, d time.Duration, failoverMode string) Config {
 	t.Helper()
 	cfg := defaultConfig()
 	cfg.Workers, cfg.Duration = 3, d
@@ -84,7 +119,11 @@ func tortureConfig(t *testing.T, d time.Duration) Config {
 		cfg.Seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, seedEnv)
 	}
-	cfg.DatabaseURL = pglocktest.PostgresURL(t)
+	if cfg.Failover = failoverMode; failoverMode == "" {
+		cfg.DatabaseURL = pglocktest.PostgresURL(t)
+	} else {
+		cfg.FailoverEvery = 8 * time.Second
+	}
 	cfg.Dir = t.TempDir()
 	if d := os.Getenv(dirEnv); d != "" {
 		cfg.Dir, err = os.MkdirTemp(d, "pglock-torture-")
@@ -109,6 +148,9 @@ func runTorture(t *testing.T, cfg Config) *Result {
 
 	start := time.Now()
 	res, err := run(ctx, cfg)
+	if errors.Is(err, failover.ErrUnavailable) && os.Getenv("CI") == "" {
+		t.Skip(err) // as failover.Start does: CI=1 makes it a failure
+	}
 	require.NoError(t, err)
 	t.Logf("run and check took %v\n%s", time.Since(start).Round(time.Second), summary(res))
 	return res
@@ -393,6 +435,10 @@ func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
 			}
 		},
 	}
+	// The lock_acquire of 000011, after an asynchronous failover that lost w1.1's
+	// acquisition of token 10: the new primary's sequence, behind the old one's, hands
+	// the next holder token 9 (see withFailover).
+	cases[mutOldTokens] = func(h *History) { withFailover(h, failoverAsync, 9) }
 	require.ElementsMatch(t, slices.Collect(maps.Keys(mutations)), slices.Collect(maps.Keys(cases)), "a case for every mutation")
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {

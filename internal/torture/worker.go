@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/signal"
 	"runtime"
@@ -49,7 +48,7 @@ const opTimeout = 5 * time.Second
 type workerConfig struct {
 	id      string
 	db      string
-	dial    string // host:port of the worker's proxy
+	dial    string // host:port of the worker's proxy; one per host of db, in its order
 	history string
 	keys    int
 	ttl     time.Duration
@@ -71,7 +70,7 @@ func parseWorkerFlags(args []string) (workerConfig, error) {
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.StringVar(&c.id, "id", "", "the worker's id, its pglock instance name")
 	fs.StringVar(&c.db, "db", "", "the database URL")
-	fs.StringVar(&c.dial, "dial", "", "host:port to connect to instead of the URL's (the proxy)")
+	fs.StringVar(&c.dial, "dial", "", "host:port to connect to instead of the URL's (the proxy); a comma-separated list, one per host of the URL, in its order")
 	fs.StringVar(&c.history, "history", "", "the history file")
 	fs.IntVar(&c.keys, "keys", 3, "the number of lock keys")
 	fs.DurationVar(&c.ttl, "ttl", time.Second, "the locks' ttl")
@@ -118,16 +117,10 @@ func runWorker(args []string) error {
 	if err != nil {
 		return err
 	}
-	host, port, err := net.SplitHostPort(cfg.dial)
-	if err != nil {
-		return err
-	}
-	p, err := strconv.ParseUint(port, 10, 16)
-	if err != nil {
-		return err
-	}
 	cc := pcfg.ConnConfig
-	cc.Host, cc.Port, cc.TLSConfig, cc.Fallbacks = host, uint16(p), nil, nil
+	if err := dialThrough(&cc.Config, cfg.dial); err != nil {
+		return err
+	}
 	cc.ConnectTimeout = 2 * time.Second
 	cc.RuntimeParams["application_name"] = appName(cfg.id)
 	pcfg.MaxConns = 6
