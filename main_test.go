@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -19,9 +21,9 @@ import (
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// TestMain checks that nothing leaves a goroutine behind, and gives the examples what a
-// user's environment would give them: DATABASE_URL, here naming a fresh database with
-// the pglock schema.
+// TestMain checks that nothing leaves a goroutine behind, runs defaultParallel tests at
+// once, and gives the examples what a user's environment would give them: DATABASE_URL,
+// here naming a fresh database with the pglock schema.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(withExampleDatabase{m})
 }
@@ -32,6 +34,7 @@ func TestMain(m *testing.M) {
 type withExampleDatabase struct{ m *testing.M }
 
 func (w withExampleDatabase) Run() int {
+	parallelByDefault()
 	drop, err := createExampleDatabase()
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -90,6 +93,25 @@ func createExampleDatabase() (drop func(), err error) {
 	return drop, nil
 }
 
+// defaultParallel is how many tests run at once unless -parallel says otherwise. Go's
+// default, GOMAXPROCS, suits tests that keep a CPU busy; these mostly wait (for the
+// database clock to pass a ttl, a silent link, a round trip), with PostgreSQL doing
+// much of the work: two at a time on a 2-core machine left it idle most of the run.
+// Each test has a database of its own; the tests that count the process's goroutines
+// or its heap do not call t.Parallel, so they run alone, before the others.
+const defaultParallel = 8
+
+// parallelByDefault sets -test.parallel to defaultParallel, or GOMAXPROCS when that is
+// more, unless the command line set it.
+func parallelByDefault() {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), defaultParallel)))
+	}
+}
+
 // skipExamples adds the examples to -test.skip.
 func skipExamples() error {
 	flag.Parse()
@@ -107,5 +129,6 @@ func skipExamples() error {
 // TestPglocktestExample runs the test that Example_pglocktest shows: go doc shows a
 // file as one example only when it declares no Test function, so it is run from here.
 func TestPglocktestExample(t *testing.T) {
+	t.Parallel()
 	testPausedInstanceWriteIsRefused(t)
 }

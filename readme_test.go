@@ -54,6 +54,7 @@ var readmeImports = map[string]string{
 // function with readmeEnv's variables, importing the readmeImports it uses. Errors
 // point at README.md's lines.
 func TestReadmeGoBlocksCompile(t *testing.T) {
+	t.Parallel()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("no go command to build README.md's blocks with: %v", err)
@@ -142,6 +143,7 @@ func readmeFunc(readme string, b readmeBlock) string {
 
 // The README's two commands stay as they are: other documents and habits point at them.
 func TestReadmeCommands(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	for _, cmd := range []string{
