@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -736,16 +737,25 @@ func TestFenceKeepsTheStatementsMeaning(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 600000)").Scan(&token))
 
 	// written runs query in a transaction it rolls back, after setting every row's
-	// fence column to fence (nil: NULL), and returns how many rows it wrote.
+	// fence column to fence (nil: NULL), and returns how many rows it wrote. The four
+	// statements go in one batch: one round trip.
 	written := func(query string, fence any, args ...any) int64 {
 		t.Helper()
-		tx, err := pool.Begin(ctx)
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue("UPDATE products SET stock_fencing_token = $1", fence)
+		b.Queue(query, args...)
+		b.Queue("ROLLBACK")
+		results := pool.SendBatch(ctx, b)
+		defer func() { require.NoError(t, results.Close()) }()
+		_, err := results.Exec()
 		require.NoError(t, err)
-		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
-		_, err = tx.Exec(ctx, "UPDATE products SET stock_fencing_token = $1", fence)
+		_, err = results.Exec()
 		require.NoError(t, err)
-		tag, err := tx.Exec(ctx, query, args...)
+		tag, err := results.Exec()
 		require.NoError(t, err, query)
+		_, err = results.Exec()
+		require.NoError(t, err)
 		return tag.RowsAffected()
 	}
 	rnd := rand.New(rand.NewPCG(1, 2))

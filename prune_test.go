@@ -224,20 +224,26 @@ func TestPruneRacingAcquisitionsKeepsEveryKeysTokensIncreasing(t *testing.T) {
 }
 
 // TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule: an acquisition of a key
-// without a row stalls inside its INSERT (a trigger sleeps, as a descheduled backend
-// would) while another client takes the key, releases it, and a prune deletes its row.
-// The stalled acquisition then inserts the key: its token must still be greater than
-// the other's. PostgreSQL evaluates an INSERT's VALUES before the trigger and the
-// conflict check, so a token drawn there would be the older one.
+// without a row stalls inside its INSERT (a trigger waits for an advisory lock the test
+// holds, as a descheduled backend would stall) while another client takes the key,
+// releases it, and a prune deletes its row. The stalled acquisition then inserts the
+// key: its token must still be greater than the other's. PostgreSQL evaluates an
+// INSERT's VALUES before the trigger and the conflict check, so a token drawn there
+// would be the older one.
 func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := pruneForms()["pgx"](t)
 	_, err := db.pool.Exec(ctx, `
 		CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;
+			$$ BEGIN PERFORM pg_advisory_xact_lock(42); RETURN NEW; END $$;
 		CREATE TRIGGER stall BEFORE INSERT ON pglock.locks FOR EACH ROW
 			WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION public.stall()`)
+	require.NoError(t, err)
+	stall, err := db.pool.Begin(ctx) // holds the advisory lock until the prune is done
+	require.NoError(t, err)
+	defer func() { _ = stall.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = stall.Exec(ctx, "SELECT pg_advisory_xact_lock(42)")
 	require.NoError(t, err)
 
 	type result struct {
@@ -251,16 +257,17 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 		stalled <- result{token, ok, err}
 	}()
 	require.Eventually(t, func() bool {
-		var sleeping bool
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event = 'PgSleep')`).Scan(&sleeping))
-		return sleeping
+		var stalled bool
+		err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event = 'advisory')`).Scan(&stalled)
+		return err == nil && stalled
 	}, 5*time.Second, 5*time.Millisecond, "the acquisition stalls in its INSERT")
 
 	other := released(t, db.store, "k")
 	n, err := db.client.Prune(ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	require.NoError(t, stall.Rollback(ctx)) // the stalled acquisition goes on
 
 	r := <-stalled
 	require.NoError(t, r.err)
