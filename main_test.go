@@ -34,8 +34,8 @@ func TestMain(m *testing.M) {
 type withExampleDatabase struct{ m *testing.M }
 
 func (w withExampleDatabase) Run() int {
-	parallelByDefault()
 	drop, err := createExampleDatabase()
+	parallelByDefault() // once the server is known
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintf(os.Stderr, "pglock: no database for the examples (CI is set, so this fails rather than skips): %v\n", err)
@@ -101,15 +101,44 @@ func createExampleDatabase() (drop func(), err error) {
 // or its heap do not call t.Parallel, so they run alone, before the others.
 const defaultParallel = 8
 
-// parallelByDefault sets -test.parallel to defaultParallel, or GOMAXPROCS when that is
-// more, unless the command line set it.
+// connsPerTest is the share of the server's max_connections each test running at once
+// may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
+// packages (go test ./...) may share the server. At 100, PostgreSQL's default, 4 tests
+// run at once.
+const connsPerTest = 25
+
+// parallelByDefault sets -test.parallel, unless the command line set it, to
+// defaultParallel, or fewer when the server's max_connections would not take them,
+// never fewer than Go's default, GOMAXPROCS.
 func parallelByDefault() {
 	flag.Parse()
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
-	if !given {
-		_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), defaultParallel)))
+	if given {
+		return
 	}
+	n := defaultParallel
+	if conns := serverMaxConnections(); conns > 0 {
+		n = min(n, conns/connsPerTest)
+	}
+	_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), n)))
+}
+
+// serverMaxConnections returns the max_connections of the tests' server, or 0 when it
+// cannot tell.
+func serverMaxConnections() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, os.Getenv(pglocktest.DatabaseURLEnv))
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('max_connections')::int").Scan(&n); err != nil {
+		return 0
+	}
+	return n
 }
 
 // skipExamples adds the examples to -test.skip.
