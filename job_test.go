@@ -426,9 +426,9 @@ func TestCloseHandsLeasesOver(t *testing.T) {
 		_, jobB := start(t, store, &logs, nil, &ranB)
 
 		require.NoError(t, jobA.Run(ctx))
-		start := time.Now()
+		skipping := time.Now()
 		require.NoError(t, jobB.Run(ctx)) // a store call, with nothing to wait for
-		ref := time.Since(start)
+		ref := time.Since(skipping)
 		require.Equal(t, []int32{1, 0}, []int32{ranA.Load(), ranB.Load()})
 		clock.Advance(time.Second) // the run started a second ago
 		closed := time.Now()
@@ -517,9 +517,9 @@ func TestCloseHandsLeasesOver(t *testing.T) {
 		require.NoError(t, err)
 		_, err = idle.TryAcquire(ctx, "idle")
 		require.NoError(t, err)
-		start := time.Now()
+		closing := time.Now()
 		require.NoError(t, idle.Close(ctx)) // a like Close, with nothing to wait for
-		ref := time.Since(start)
+		ref := time.Since(closing)
 		c := newClient(t, store, quiet)
 		running, finish := make(chan struct{}), make(chan struct{})
 		job, err := c.Job(jobReconcileKey, func(context.Context) error {
