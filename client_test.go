@@ -17,14 +17,6 @@ import (
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// lockRows returns the number of rows in pglock.locks.
-func lockRows(t *testing.T, pool *pgxpool.Pool) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM pglock.locks").Scan(&n))
-	return n
-}
-
 func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
@@ -79,7 +71,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 		_, err = c.Acquire(t.Context(), "k", pglock.TTL(time.Second), nil)
 		require.ErrorContains(t, err, "pglock: invalid argument: Acquire: a nil AcquireOption")
 	})
-	require.Zero(t, lockRows(t, pool), "bad input wrote to the locks table")
+	require.Empty(t, lockKeys(t, pool), "bad input wrote to the locks table")
 }
 
 func TestBadOptionsNameTheOption(t *testing.T) {
@@ -193,7 +185,7 @@ func TestStoreRejectsBadCalls(t *testing.T) {
 	}
 	_, err := pglock.StoreRenewMany(t.Context(), pglock.NewPostgresStore(pool), []string{"a"}, nil, time.Second)
 	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-	require.Zero(t, lockRows(t, pool))
+	require.Empty(t, lockKeys(t, pool))
 }
 
 func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
@@ -201,7 +193,8 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
 	clock := pglocktest.NewManualClock(time.Now())
-	a := newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(clock))
+	const ttl = 200 * time.Millisecond // A does nothing while it holds the lock
+	a := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock))
 	b := newClient(t, store, pglock.TTL(time.Second))
 
 	inside := make(chan *pglock.Lock)
@@ -217,13 +210,13 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 			return context.Cause(ctx)
 		})
 	}()
-	lockA := <-inside
-	time.Sleep(1200 * time.Millisecond) // database time: A's lease expires
+	lockA := receive(t, inside)
+	awaitExpiry(t, pool, "payment:42") // A's lease expires; A's clock stands still
 	lockB, err := b.TryAcquire(t.Context(), "payment:42")
 	require.NoError(t, err)
 	require.Greater(t, lockB.Token(), lockA.Token())
 
-	clock.Advance(time.Second) // A's renewal is refused: fn's ctx ends
+	clock.Advance(ttl / 3) // A's renewal is refused: fn's ctx ends
 	err = <-result
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
@@ -346,21 +339,6 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 	_, err = b.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)
 	require.NoError(t, l.Release(t.Context()))
-}
-
-// failingStore fails every renewal while failing is set.
-type failingStore struct {
-	pglock.Store
-	failing atomic.Bool
-}
-
-var errStoreDown = errors.New("store down")
-
-func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
-	if s.failing.Load() {
-		return false, errStoreDown
-	}
-	return s.Store.Renew(ctx, key, owner, ttl)
 }
 
 func TestFailedRenewalsLoseTheLockAtItsDeadline(t *testing.T) {

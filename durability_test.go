@@ -145,11 +145,16 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			})
 			require.NoError(t, err, "the batched renewal waited for the fenced tx")
 
-			// Real time: the client's renewals fall due while tx is open, past the ttl,
-			// and another client tries.
-			for end := time.Now().Add(2500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			// The client's renewals fall due while tx is open, past the ttl on the database
+			// clock, and another client tries, until then and once more.
+			expires := expiresAt(t, pool, b.Key())
+			for pastTTL := false; ; pastTTL = databaseTimeReached(t, pool, expires) {
 				_, err := other.TryAcquire(ctx, a.Key())
 				require.ErrorIs(t, err, pglock.ErrNotAcquired)
+				if pastTTL {
+					break
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
 			require.Equal(t, []string{"fenced:a", "fenced:b"}, liveKeys(t, pool), "both renewed while the fenced tx was open")
 			for _, l := range []*pglock.Lock{a, b} {

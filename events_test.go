@@ -1,35 +1,17 @@
 package pglock
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/testkit"
 )
-
-// syncBuffer is a log's output, safe for concurrent use.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A handler that blocks does not grow the client's memory without end: the events that
 // wait for it stay within eventQueueCap, the ones beyond are dropped and counted (in
@@ -37,7 +19,7 @@ func (b *syncBuffer) String() string {
 // order, and Close ends the delivery goroutine.
 func TestEventsQueueIsBoundedWhileAHandlerBlocks(t *testing.T) {
 	t.Parallel()
-	var logs syncBuffer
+	var logs testkit.LogBuffer
 	unblock, first := make(chan struct{}), make(chan struct{})
 	var got []int64 // the tokens the handler got, in order; read after Close
 	var calls atomic.Int64

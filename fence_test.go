@@ -3,7 +3,6 @@ package pglock
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -18,8 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgfence/pglock/internal/devdb"
 )
 
 // fenceCol is the fence column of the scratch schema's products table, quoted.
@@ -282,59 +279,6 @@ type fenceFailExecer func()
 func (f fenceFailExecer) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
 	f()
 	return pgconn.CommandTag{}, nil
-}
-
-// fenceTestDB returns a pool on a new database with a random name, which the test's
-// cleanup drops, holding the pglock schema (Migrate) and the scratch tables the cases
-// write to. (pglocktest.Postgres imports this package, so its tests cannot use it.) Without a server it skips the test, or fails it when CI is set.
-func fenceTestDB(t testing.TB) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	url := os.Getenv("PGLOCK_TEST_DATABASE_URL")
-	admin, err := pgxpool.New(ctx, url)
-	if err == nil {
-		err = admin.Ping(ctx)
-		if err != nil {
-			admin.Close()
-		}
-	}
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no PostgreSQL server answers (PGLOCK_TEST_DATABASE_URL=%q): %v", url, err)
-		}
-		t.Skipf("no PostgreSQL server answers (set PGLOCK_TEST_DATABASE_URL): %v", err)
-	}
-	name := fmt.Sprintf("pglock_fence_test_%016x", rand.Uint64())
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	if err != nil {
-		admin.Close()
-		t.Fatalf("create database %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop database %s: %v", name, err)
-		}
-	})
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.ConnConfig.Database = name
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close) // before the drop: cleanups run last-in first-out
-	// Every migration, as users run them: lock_held meets the shipped lock_acquire.
-	require.NoError(t, Migrate(ctx, devdb.URLOf(&cfg.ConnConfig.Config)))
-	_, err = pool.Exec(ctx, `
-		CREATE TABLE products (
-			id bigint PRIMARY KEY, in_stock int, name text, note text, flag boolean,
-			stock_fencing_token bigint NOT NULL DEFAULT 0,
-			"Fence ""Token""" bigint NOT NULL DEFAULT 0);
-		CREATE TABLE suppliers (id bigint PRIMARY KEY, product_id bigint, stock int, "from" text)`)
-	require.NoError(t, err)
-	return pool
 }
 
 // fencePrepare prepares query on the server and returns the types of its parameters.
@@ -793,16 +737,25 @@ func TestFenceKeepsTheStatementsMeaning(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 600000)").Scan(&token))
 
 	// written runs query in a transaction it rolls back, after setting every row's
-	// fence column to fence (nil: NULL), and returns how many rows it wrote.
+	// fence column to fence (nil: NULL), and returns how many rows it wrote. The four
+	// statements go in one batch: one round trip.
 	written := func(query string, fence any, args ...any) int64 {
 		t.Helper()
-		tx, err := pool.Begin(ctx)
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue("UPDATE products SET stock_fencing_token = $1", fence)
+		b.Queue(query, args...)
+		b.Queue("ROLLBACK")
+		results := pool.SendBatch(ctx, b)
+		defer func() { require.NoError(t, results.Close()) }()
+		_, err := results.Exec()
 		require.NoError(t, err)
-		defer func() { require.NoError(t, tx.Rollback(ctx)) }()
-		_, err = tx.Exec(ctx, "UPDATE products SET stock_fencing_token = $1", fence)
+		_, err = results.Exec()
 		require.NoError(t, err)
-		tag, err := tx.Exec(ctx, query, args...)
+		tag, err := results.Exec()
 		require.NoError(t, err, query)
+		_, err = results.Exec()
+		require.NoError(t, err)
 		return tag.RowsAffected()
 	}
 	rnd := rand.New(rand.NewPCG(1, 2))

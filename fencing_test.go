@@ -31,6 +31,9 @@ type shop struct {
 
 const reconciliation = "inventory:stock-reconciliation"
 
+// pausedTTL is the ttl of A's lock: A does nothing while it holds it.
+const pausedTTL = 200 * time.Millisecond
+
 func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts map[string]int) (written int64)) *shop {
 	t.Helper()
 	pool := pglocktest.Postgres(t)
@@ -40,14 +43,14 @@ func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts
 	require.NoError(t, err)
 	store := pglock.NewPostgresStore(pool)
 	s := &shop{pool: pool, clockA: pglocktest.NewManualClock(time.Now())}
-	s.a = newClient(t, store, pglock.TTL(time.Second), pglock.WithClock(s.clockA))
+	s.a = newClient(t, store, pglock.TTL(pausedTTL), pglock.WithClock(s.clockA))
 	s.b = newClient(t, store, pglock.TTL(time.Second))
 
 	s.lockA, err = s.a.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)
 	s.countsA = map[string]int{"salmon-kibble-2kg": 12, "tuna-pate-85g": 40, "catnip-mouse": 7}
 
-	time.Sleep(1200 * time.Millisecond) // database time: A's lease expires while A is paused
+	awaitExpiry(t, pool, reconciliation) // A's lease expires while A is paused
 	s.lockB, err = s.b.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)
 	require.Greater(t, s.lockB.Token(), s.lockA.Token())
@@ -139,7 +142,7 @@ func TestFencingWriterThatNoticesItsLossWritesNothing(t *testing.T) {
 	t.Parallel()
 	write := writeColumnFenced(t)
 	s := pauseAWhileBTakesOver(t, write)
-	s.clockA.Advance(time.Second) // A's clock moves before it writes: its renewal is refused
+	s.clockA.Advance(pausedTTL / 3) // A's clock moves before it writes: its renewal is refused
 	ctx := s.lockA.Context()
 	require.Error(t, ctx.Err())
 	var lost *pglock.LockLostError

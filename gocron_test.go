@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -138,8 +139,8 @@ func TestGocronLockerKeepsItsLeaseBetweenRuns(t *testing.T) {
 	ctx := t.Context()
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
-	var logsA, logsB logBuffer
-	var eventsA jobEvents
+	var logsA, logsB testkit.LogBuffer
+	var eventsA eventLog
 	clockA := pglocktest.NewManualClock(time.Now())
 	a := newClient(t, store, pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logsA)), pglock.WithEventHandler(eventsA.record))
 	t.Cleanup(func() { clockA.Advance(time.Second) }) // a failed test's Close does not wait on it
@@ -184,8 +185,8 @@ func TestGocronElectorLeadsUntilClose(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	var logs logBuffer
-	var events jobEvents
+	var logs testkit.LogBuffer
+	var events eventLog
 	clockA := pglocktest.NewManualClock(time.Now())
 	a := newClient(t, store, pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
 	t.Cleanup(func() { clockA.Advance(time.Second) }) // a failed test's Close does not wait on it
@@ -228,7 +229,7 @@ func TestGocronElectorLeavesItsLeaseToExpireWhileAPlainRunMayGoOn(t *testing.T) 
 	t.Parallel()
 	ctx := t.Context()
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	a, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
@@ -319,7 +320,7 @@ func TestGocronElectorTaskRunsAreFencedAndWaitedFor(t *testing.T) {
 // inside one process before pglock makes a store call for it.
 func TestJobOptionsLetGocronRefuseAnOverlapInOneProcess(t *testing.T) {
 	t.Parallel()
-	var events jobEvents
+	var events eventLog
 	c := newClient(t, pglock.NewPostgresStore(pglocktest.Postgres(t)), quiet, pglock.WithEventHandler(events.record))
 	running, finish := make(chan struct{}, 3), make(chan struct{})
 	job, err := c.Job("reports:weekly", func(ctx context.Context) error {

@@ -53,9 +53,8 @@ func closedPort(t *testing.T) string {
 
 // An acquisition whose connection could not even be made reached no server: there is
 // nothing to hand back, and no connection attempt is made for it later. With pgx, and
-// with lib/pq through database/sql.
+// with lib/pq through database/sql. Not parallel: it counts the process's goroutines.
 func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
-	t.Parallel()
 	host, port, err := net.SplitHostPort(closedPort(t))
 	require.NoError(t, err)
 	url := "postgres://postgres@" + host + ":" + port + "/postgres?sslmode=disable&connect_timeout=2"
@@ -97,9 +96,8 @@ func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
 
 // Hand-backs are bounded for the whole client: one release call at a time, however many
 // acquisitions failed in flight, and about one call per pause while the store is away;
-// Close stops them.
+// Close stops them. Not parallel: it counts the process's goroutines.
 func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
-	t.Parallel()
 	url := pglocktest.PostgresURL(t)
 	slow, proxy := proxiedPool(t, url, 4)
 	store := &releaseCounter{Store: pglock.NewPostgresStore(slow)}

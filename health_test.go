@@ -364,11 +364,8 @@ var outageRoles = []outageRole{{
 				_ = l.Release(context.Background())
 			}
 		}()
-		require.Eventually(t, func() bool { // it listens, and has marked the key
-			var wanted bool
-			err := direct.QueryRow(t.Context(), "SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", key).Scan(&wanted)
-			return err == nil && wanted
-		}, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return wanted(direct, key) }, 10*time.Second, 10*time.Millisecond,
+			"it listens, and has marked the key")
 		return nil
 	},
 }, {

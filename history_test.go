@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -48,7 +49,7 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	job := t.Name()
 	longErr := strings.Repeat("é", 1500) // 1500 characters, 3000 bytes
-	var events jobEvents
+	var events eventLog
 	c, err := pglock.New(pool, quiet, pglock.WithInstanceName("worker-1"), pglock.WithEventHandler(events.record))
 	require.NoError(t, err)
 
@@ -124,13 +125,11 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 	require.Contains(t, runs[0].Err, "lost")
 
 	var ran []pglock.Event
-	events.mu.Lock()
-	for _, ev := range events.list {
+	for _, ev := range events.all() {
 		if ev.Type == pglock.EventJobRan {
 			ran = append(ran, ev)
 		}
 	}
-	events.mu.Unlock()
 	require.Len(t, ran, 4)
 	for i, ev := range ran {
 		require.Equal(t, want[3-i], ev.Outcome)
@@ -360,7 +359,7 @@ func TestJobRunHistoryFailureToRecordNeverFailsTheRun(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, string(down))
 	require.NoError(t, err)
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	c := newClient(t, pglock.NewPostgresStore(pool), pglock.WithLogger(newLogger(&logs)))
 	j, err := c.Job(t.Name(), func(context.Context) error { return nil }, pglock.WithoutOverlapping())
 	require.NoError(t, err)

@@ -321,9 +321,6 @@ func TestForceReleaseOnTheMemoryStore(t *testing.T) {
 	require.Equal(t, pglock.ReasonRefused, lost.Reason)
 }
 
-// notInspectable is a Store without the capability.
-type notInspectable struct{ pglock.Store }
-
 func TestLocksAndForceReleaseRefuseBadInputAndChangeNothing(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -365,11 +362,11 @@ func TestLocksAndForceReleaseRefuseBadInputAndChangeNothing(t *testing.T) {
 			return err
 		}, context.Canceled, "force release"},
 		{"Locks: unsupported store", func() error {
-			_, err := newClient(t, notInspectable{pglock.NewMemoryStore(nil)}).Locks(ctx, "")
+			_, err := newClient(t, plainStore{pglock.NewMemoryStore(nil)}).Locks(ctx, "")
 			return err
 		}, errors.ErrUnsupported, "cannot list"},
 		{"ForceRelease: unsupported store", func() error {
-			_, err := newClient(t, notInspectable{pglock.NewMemoryStore(nil)}).ForceRelease(ctx, "k")
+			_, err := newClient(t, plainStore{pglock.NewMemoryStore(nil)}).ForceRelease(ctx, "k")
 			return err
 		}, errors.ErrUnsupported, "cannot break"},
 	} {

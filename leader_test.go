@@ -9,24 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
 const feedKey = "inventory:warehouse-feed"
-
-// newPoolClient returns a quiet Client of New on pool (so with a listener unless opts
-// say otherwise), closed when the test ends.
-func newPoolClient(t testing.TB, pool *pgxpool.Pool, opts ...pglock.ClientOption) *pglock.Client {
-	t.Helper()
-	c, err := pglock.New(pool, append([]pglock.ClientOption{quiet}, opts...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
-	return c
-}
 
 // term is one leadership term, as OnAcquired saw it.
 type term struct {
@@ -72,53 +62,6 @@ func (f *feed) leader(who int) pglock.LeaderCallbacks {
 	}
 }
 
-// next returns the next value from ch, failing after a deadline.
-func next[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(5 * time.Second):
-		t.Fatalf("no %s within 5 s", what)
-		panic("unreachable")
-	}
-}
-
-// events collects a client's events.
-type eventLog struct {
-	mu     sync.Mutex
-	events []pglock.Event
-}
-
-func (l *eventLog) add(e pglock.Event) {
-	l.mu.Lock()
-	l.events = append(l.events, e)
-	l.mu.Unlock()
-}
-
-func (l *eventLog) leadership() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, e := range l.events {
-		if e.Type != pglock.EventLeadershipAcquired && e.Type != pglock.EventLeadershipLost {
-			continue
-		}
-		s := string(e.Type)
-		if e.Reason != "" {
-			s += ": " + string(e.Reason)
-		}
-		switch {
-		case errors.Is(e.Err, pglock.ErrClosed):
-			s += ": ErrClosed"
-		case errors.Is(e.Err, pglock.ErrResigned):
-			s += ": ErrResigned"
-		}
-		out = append(out, s)
-	}
-	return out
-}
-
 func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -126,7 +69,7 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	f := newFeed(t, 3)
 	clients := make([]*pglock.Client, 3)
 	elections := make([]*pglock.Election, 3)
-	logs := make([]logBuffer, 3)
+	logs := make([]testkit.LogBuffer, 3)
 	events := make([]eventLog, 3)
 	// The first leader's lease outlives every wait of the test, so that another instance
 	// leading before the test ends can only be the hand-back, never the expiry, however
@@ -138,12 +81,12 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 			ttl = leaderTTL
 		}
 		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(ttl),
-			pglock.WithLogger(newLogger(&logs[i])), pglock.WithEventHandler(events[i].add))
+			pglock.WithLogger(newLogger(&logs[i])), pglock.WithEventHandler(events[i].record))
 	}
 	var err error
 	elections[0], err = clients[0].Elect(feedKey, f.leader(0)) // the first instance up leads
 	require.NoError(t, err)
-	first := next(t, f.acquired, "leader")
+	first := receive(t, f.acquired, "leader")
 	require.Equal(t, 0, first.who)
 	for i := 1; i < 3; i++ {
 		elections[i], err = clients[i].Elect(feedKey, f.leader(i))
@@ -164,11 +107,11 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	require.Contains(t, logs[0].String(), `level=INFO msg="pglock: leading" key=inventory:warehouse-feed owner=`+first.lock.Owner())
 
 	// Close hands the lease back: another instance leads long before the lease would
-	// have expired (next waits 5 s; the lease had a minute left).
+	// have expired (receive waits 10 s; the lease had a minute left).
 	start := time.Now()
 	require.NoError(t, clients[0].Close(ctx))
-	require.Equal(t, 0, next(t, f.lost, "OnLost").who, "OnLost ran before Close returned")
-	second := next(t, f.acquired, "new leader")
+	require.Equal(t, 0, receive(t, f.lost, "OnLost").who, "OnLost ran before Close returned")
+	second := receive(t, f.acquired, "new leader")
 	handover := time.Since(start)
 	t.Logf("handover at Close: %v", handover)
 	require.Less(t, handover, leaderTTL/2)
@@ -193,13 +136,14 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	url := pglocktest.PostgresURL(t)
 	f := newFeed(t, 3)
 	paused := pglocktest.NewManualClock(time.Now())
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	var events eventLog
-	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second), pglock.WithClock(paused),
-		pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
+	const pausedTTL = 300 * time.Millisecond // the others may campaign before or after it ends
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(pausedTTL), pglock.WithClock(paused),
+		pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.record))
 	ea, err := a.Elect(feedKey, f.leader(0))
 	require.NoError(t, err)
-	old := next(t, f.acquired, "leader")
+	old := receive(t, f.acquired, "leader")
 	elections := []*pglock.Election{ea}
 	for i := 1; i < 3; i++ {
 		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
@@ -208,8 +152,8 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 		elections = append(elections, e)
 	}
 
-	time.Sleep(1200 * time.Millisecond) // database time: the lease expires; the leader's clock stands still
-	newer := next(t, f.acquired, "leader after the expiry")
+	// The lease expires on the database clock; the leader's clock stands still.
+	newer := receive(t, f.acquired, "leader after the expiry")
 	require.NotEqual(t, 0, newer.who)
 	require.Greater(t, newer.lock.Token(), old.lock.Token())
 	// The blind spot: both believe they lead. What the old one writes needs its token.
@@ -220,8 +164,8 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, newer.lock.Owner(), h.Owner, "the store knows better")
 
-	paused.Advance(time.Second / 3) // it wakes up: its renewal is refused
-	lost := next(t, f.lost, "OnLost")
+	paused.Advance(pausedTTL / 3) // it wakes up: its renewal is refused
+	lost := receive(t, f.lost, "OnLost")
 	require.Equal(t, 0, lost.who)
 	require.False(t, ea.IsLeader())
 	var lockLost *pglock.LockLostError
@@ -248,10 +192,10 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			clock := pglocktest.NewManualClock(time.Now())
-			var logs logBuffer
+			var logs testkit.LogBuffer
 			var events eventLog
 			c := newPoolClient(t, pglocktest.Postgres(t), pglock.TTL(time.Second), pglock.WithClock(clock),
-				pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.add))
+				pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(events.record))
 			acquired, lost := make(chan *pglock.Lock, 2), make(chan *pglock.Lock, 2)
 			var calls atomic.Int32
 			e, err := c.Elect(feedKey, pglock.LeaderCallbacks{
@@ -265,8 +209,8 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 				OnLost: func(l *pglock.Lock) { lost <- l },
 			})
 			require.NoError(t, err)
-			first := next(t, acquired, "OnAcquired")
-			require.Same(t, first, next(t, lost, "OnLost"))
+			first := receive(t, acquired, "OnAcquired")
+			require.Same(t, first, receive(t, lost, "OnLost"))
 			require.Eventually(t, func() bool { h, err := e.Leader(ctx); return err == nil && !h.Held }, 2*time.Second, 5*time.Millisecond,
 				"the lease is handed back")
 			require.Contains(t, logs.String(), tc.log)
@@ -276,11 +220,11 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 			// It campaigns again after ttl/3 on its clock, which stands still until told.
 			require.Never(t, func() bool { return len(acquired) > 0 }, 200*time.Millisecond, 10*time.Millisecond)
 			clock.Advance(time.Second / 3)
-			second := next(t, acquired, "OnAcquired again")
+			second := receive(t, acquired, "OnAcquired again")
 			require.Greater(t, second.Token(), first.Token())
 			require.Eventually(t, e.IsLeader, 2*time.Second, 5*time.Millisecond)
 			require.NoError(t, e.Resign(ctx))
-			require.Same(t, second, next(t, lost, "OnLost again"))
+			require.Same(t, second, receive(t, lost, "OnLost again"))
 			require.Eventually(t, func() bool { return len(events.leadership()) == 4 }, 2*time.Second, 5*time.Millisecond)
 			require.Equal(t, []string{"leadership acquired", "leadership lost: on-acquired-failed",
 				"leadership acquired", "leadership lost: ErrResigned"}, events.leadership())
@@ -354,7 +298,7 @@ func TestRapidHandoversNeverOverlap(t *testing.T) {
 	start := time.Now()
 	var lastToken int64
 	for range handovers {
-		tm := next(t, acquired, "leader")
+		tm := receive(t, acquired, "leader")
 		require.Greater(t, tm.lock.Token(), lastToken)
 		lastToken = tm.lock.Token()
 		require.NoError(t, elections[tm.who].Resign(ctx))
@@ -438,7 +382,7 @@ func TestLeaderReadsTheHolderFromTheStore(t *testing.T) {
 		return nil
 	}})
 	require.NoError(t, err)
-	l := next(t, locks, "OnAcquired")
+	l := receive(t, locks, "OnAcquired")
 	h, err := e.Leader(ctx)
 	require.NoError(t, err)
 	expires := clock.Now().Add(time.Minute)
@@ -454,9 +398,6 @@ func TestLeaderReadsTheHolderFromTheStore(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, pglock.LockInfo{Key: feedKey}, h, "nobody leads")
 }
-
-// plainStore embeds a store: it has Store's three calls and nothing more.
-type plainStore struct{ pglock.Store }
 
 func TestLeaderBadCalls(t *testing.T) {
 	t.Parallel()
@@ -502,7 +443,7 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 	}
 	taken, err := c.Elect("taken", pglock.LeaderCallbacks{OnAcquired: onAcquired})
 	require.NoError(t, err)
-	require.Equal(t, "taken", next(t, started, "OnAcquired"))
+	require.Equal(t, "taken", receive(t, started, "OnAcquired"))
 	closed, err := pglock.NewWithStore(pglock.NewPostgresStore(pool))
 	require.NoError(t, err)
 	require.NoError(t, closed.Close(t.Context()))
@@ -537,11 +478,11 @@ func TestElectBadInputGetsAClearErrorAndStartsNothing(t *testing.T) {
 		})
 	}
 	require.Never(t, func() bool { return len(started) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
-	require.Equal(t, 1, lockRows(t, pool), "only the valid election's lease is in the table")
+	require.Len(t, lockKeys(t, pool), 1, "only the valid election's lease is in the table")
 
 	free, err := c.Elect("free", valid)
 	require.NoError(t, err, "the failed calls registered nothing")
-	require.Equal(t, "free", next(t, started, "OnAcquired"))
+	require.Equal(t, "free", receive(t, started, "OnAcquired"))
 	require.NoError(t, free.Resign(t.Context()))
 	require.NoError(t, taken.Resign(t.Context()))
 }
@@ -558,17 +499,12 @@ func TestResignWakesAFollowerThatNeverPolls(t *testing.T) {
 	follower := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
 	first, err := leader.Elect(feedKey, f.leader(0))
 	require.NoError(t, err)
-	require.Equal(t, 0, next(t, f.acquired, "leader").who)
+	require.Equal(t, 0, receive(t, f.acquired, "leader").who)
 	_, err = follower.Elect(feedKey, f.leader(1))
 	require.NoError(t, err)
 	// The follower has lost its first campaign and marked the key wanted.
-	require.Eventually(t, func() bool {
-		var wanted bool
-		require.NoError(t, pool.QueryRow(t.Context(),
-			"SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", feedKey).Scan(&wanted))
-		return wanted
-	}, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return wanted(pool, feedKey) }, 5*time.Second, 5*time.Millisecond)
 
 	require.NoError(t, first.Resign(t.Context()))
-	require.Equal(t, 1, next(t, f.acquired, "the follower leading after the leader's release").who)
+	require.Equal(t, 1, receive(t, f.acquired, "the follower leading after the leader's release").who)
 }

@@ -19,18 +19,6 @@ import (
 
 var sqlDrivers = []string{"postgres", "pgx"}
 
-// openSQL returns a database/sql pool of 20 connections on dbURL through driver,
-// closed when the test ends.
-func openSQL(t *testing.T, driver, dbURL string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open(driver, dbURL)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(20)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	require.NoError(t, db.PingContext(t.Context()))
-	return db
-}
-
 func TestLibPQStoreContract(t *testing.T) {
 	t.Parallel()
 	db := openSQL(t, "postgres", pglocktest.PostgresURL(t))

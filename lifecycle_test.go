@@ -8,8 +8,6 @@ package pglock_test
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -21,34 +19,9 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/tcpproxy"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
-
-// proxiedPool returns a pool on databaseURL whose connections go through a new TCP
-// proxy, with conns connections open already, and the proxy; both are closed when the
-// test ends.
-func proxiedPool(t *testing.T, databaseURL string, conns int) (*pgxpool.Pool, *tcpproxy.Proxy) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(databaseURL)
-	require.NoError(t, err)
-	p, err := tcpproxy.New(tcpproxy.To(cfg.ConnConfig.Host, cfg.ConnConfig.Port))
-	require.NoError(t, err)
-	t.Cleanup(p.Close)
-	host, port, err := net.SplitHostPort(p.Addr())
-	require.NoError(t, err)
-	n, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
-	cfg.ConnConfig.Fallbacks = nil
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false } // a slow link must not stop a statement before it is sent
-	cfg.MaxConns = int32(max(conns, 4))
-	cfg.MinConns = int32(conns)
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= int32(conns) }, 5*time.Second, 5*time.Millisecond)
-	return pool, p
-}
 
 // Path 1: Close cancels a WithLock function with ErrClosed, waits for it to return, and
 // only then hands the key back.
@@ -310,7 +283,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = tx.Exec(t.Context(), q, args...)
 	require.NoError(t, err)
-	time.Sleep(400 * time.Millisecond) // database time: the lock expires, its row stays locked
+	awaitExpiry(t, pool, "doc:1") // its row stays locked
 
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -352,7 +325,7 @@ func TestCloseIsBoundedByItsCtxWhileTheEventHandlerBlocks(t *testing.T) {
 func TestPanickingEventHandlerIsLoggedAndDeliveryGoesOn(t *testing.T) {
 	t.Parallel()
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	var got []pglock.EventType
 	c, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)), pglock.WithEventHandler(func(e pglock.Event) {
 		got = append(got, e.Type)

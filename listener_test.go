@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -29,13 +30,6 @@ func acquireAsync(c *pglock.Client, key string) <-chan error {
 		got <- err
 	}()
 	return got
-}
-
-// wanted reports whether a waiter has marked key (false on any error: it is polled).
-func wanted(pool *pgxpool.Pool, key string) bool {
-	var marked bool
-	err := pool.QueryRow(context.Background(), "SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", key).Scan(&marked)
-	return err == nil && marked
 }
 
 // listenerPID returns the backend pid of the database's LISTENing connection, or 0.
@@ -60,7 +54,7 @@ func TestWaiterWakesAtReleaseNotAtItsBackoff(t *testing.T) {
 	require.Eventually(t, func() bool { return wanted(pool, "k") }, 5*time.Second, 5*time.Millisecond, "the waiter marks the key")
 	start := time.Now()
 	require.NoError(t, held.Release(ctx))
-	require.NoError(t, next(t, got, "acquisition after the release"))
+	require.NoError(t, receive(t, got, "acquisition after the release"))
 	t.Logf("release to acquisition: %v", time.Since(start))
 	require.False(t, wanted(pool, "k"), "the release cleared the mark")
 }
@@ -111,7 +105,7 @@ func TestWaiterWithoutListenerPolls(t *testing.T) {
 			require.Never(t, func() bool { return len(got) > 0 }, 200*time.Millisecond, 10*time.Millisecond,
 				"nothing wakes it before its backoff")
 			frozen.Advance(time.Second)
-			require.NoError(t, next(t, got, "acquisition at the next retry"))
+			require.NoError(t, receive(t, got, "acquisition at the next retry"))
 		})
 	}
 }
@@ -122,7 +116,7 @@ func TestListenerReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	holder := newClient(t, pglock.NewPostgresStore(pool))
 	frozen := pglocktest.NewManualClock(time.Now())
-	var logs logBuffer
+	var logs testkit.LogBuffer
 	waiter := newPoolClient(t, pool, pglock.WithClock(frozen), pglock.WithLogger(newLogger(&logs)))
 	held, err := holder.TryAcquire(ctx, "k")
 	require.NoError(t, err)
@@ -139,14 +133,14 @@ func TestListenerReconnectsAfterItsBackendIsTerminated(t *testing.T) {
 	require.NotEqual(t, pid, listenerPID(pool))
 
 	require.NoError(t, held.Release(ctx))
-	require.NoError(t, next(t, got, "acquisition after the release"), "the waiter of before the outage wakes")
+	require.NoError(t, receive(t, got, "acquisition after the release"), "the waiter of before the outage wakes")
 
 	held, err = holder.TryAcquire(ctx, "k2")
 	require.NoError(t, err)
 	got = acquireAsync(waiter, "k2")
 	require.Eventually(t, func() bool { return wanted(pool, "k2") }, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, held.Release(ctx))
-	require.NoError(t, next(t, got, "acquisition after the release"), "a new waiter wakes")
+	require.NoError(t, receive(t, got, "acquisition after the release"), "a new waiter wakes")
 }
 
 func TestReleaseNotifiesOnlyWhenSomeoneWaits(t *testing.T) {
@@ -203,7 +197,7 @@ func TestReleaseNotifiesOnlyWhenSomeoneWaits(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "pglock_released", n.Channel)
 	require.Equal(t, "k", n.Payload)
-	l := next(t, got, "acquisition after the release")
+	l := receive(t, got, "acquisition after the release")
 	require.NoError(t, l.Release(ctx))
 	silent("the waiter's own release, nobody waiting any more")
 }
@@ -255,7 +249,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 		got := acquireAsync(waiter, key)
 		require.Never(t, func() bool { return len(got) > 0 }, 100*time.Millisecond, 10*time.Millisecond)
 		require.NoError(t, waiter.Close(t.Context()))
-		require.ErrorIs(t, next(t, got, "Acquire's return at Close"), pglock.ErrClosed)
+		require.ErrorIs(t, receive(t, got, "Acquire's return at Close"), pglock.ErrClosed)
 	}
 }
 

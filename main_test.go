@@ -8,6 +8,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -19,9 +21,9 @@ import (
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// TestMain checks that nothing leaves a goroutine behind, and gives the examples what a
-// user's environment would give them: DATABASE_URL, here naming a fresh database with
-// the pglock schema.
+// TestMain checks that nothing leaves a goroutine behind, runs defaultParallel tests at
+// once, and gives the examples what a user's environment would give them: DATABASE_URL,
+// here naming a fresh database with the pglock schema.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(withExampleDatabase{m})
 }
@@ -33,6 +35,7 @@ type withExampleDatabase struct{ m *testing.M }
 
 func (w withExampleDatabase) Run() int {
 	drop, err := createExampleDatabase()
+	parallelByDefault() // once the server is known
 	if err != nil {
 		if os.Getenv("CI") != "" {
 			fmt.Fprintf(os.Stderr, "pglock: no database for the examples (CI is set, so this fails rather than skips): %v\n", err)
@@ -90,6 +93,54 @@ func createExampleDatabase() (drop func(), err error) {
 	return drop, nil
 }
 
+// defaultParallel is how many tests run at once unless -parallel says otherwise. Go's
+// default, GOMAXPROCS, suits tests that keep a CPU busy; these mostly wait (for the
+// database clock to pass a ttl, a silent link, a round trip), with PostgreSQL doing
+// much of the work: two at a time on a 2-core machine left it idle most of the run.
+// Each test has a database of its own; the tests that count the process's goroutines
+// or its heap do not call t.Parallel, so they run alone, before the others.
+const defaultParallel = 8
+
+// connsPerTest is the share of the server's max_connections each test running at once
+// may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
+// packages (go test ./...) may share the server. At 100, PostgreSQL's default, 4 tests
+// run at once.
+const connsPerTest = 25
+
+// parallelByDefault sets -test.parallel, unless the command line set it, to
+// defaultParallel, or fewer when the server's max_connections would not take them,
+// never fewer than Go's default, GOMAXPROCS.
+func parallelByDefault() {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if given {
+		return
+	}
+	n := defaultParallel
+	if conns := serverMaxConnections(); conns > 0 {
+		n = min(n, conns/connsPerTest)
+	}
+	_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), n)))
+}
+
+// serverMaxConnections returns the max_connections of the tests' server, or 0 when it
+// cannot tell.
+func serverMaxConnections() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, os.Getenv(pglocktest.DatabaseURLEnv))
+	if err != nil {
+		return 0
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('max_connections')::int").Scan(&n); err != nil {
+		return 0
+	}
+	return n
+}
+
 // skipExamples adds the examples to -test.skip.
 func skipExamples() error {
 	flag.Parse()
@@ -107,5 +158,6 @@ func skipExamples() error {
 // TestPglocktestExample runs the test that Example_pglocktest shows: go doc shows a
 // file as one example only when it declares no Test function, so it is run from here.
 func TestPglocktestExample(t *testing.T) {
+	t.Parallel()
 	testPausedInstanceWriteIsRefused(t)
 }

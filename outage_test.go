@@ -242,7 +242,7 @@ func TestAcquireRidesOutAnOutage(t *testing.T) {
 		require.Eventually(t, func() bool { _, failed := store.counts(); return failed >= 2 }, 5*time.Second, time.Millisecond)
 		require.NoError(t, held.Release(t.Context()))
 		store.setDown(false)
-		require.NoError(t, next(t, got, "acquisition once the store is back"))
+		require.NoError(t, receive(t, got, "acquisition once the store is back"))
 	})
 
 	t.Run("ForATTLAtMost", func(t *testing.T) {
@@ -250,7 +250,7 @@ func TestAcquireRidesOutAnOutage(t *testing.T) {
 		store, _, got := parked(t)
 		store.setDown(true)
 		start := time.Now()
-		err := next(t, got, "the outage's error")
+		err := receive(t, got, "the outage's error")
 		var op *net.OpError
 		require.ErrorAs(t, err, &op)
 		require.NotErrorIs(t, err, pglock.ErrNotAcquired)
@@ -297,7 +297,7 @@ func TestCampaignRetriesSoonAfterAnOutage(t *testing.T) {
 	require.NoError(t, held.Release(t.Context()))
 	store.setDown(false)
 	back := time.Now()
-	at := next(t, acquired, "leadership")
+	at := receive(t, acquired, "leadership")
 	require.Less(t, at.Sub(back), ttl/6, "the next campaign came a third of the ttl after the failed one")
 	t.Logf("leading %v after the store came back", at.Sub(back).Round(time.Millisecond))
 }

@@ -205,7 +205,7 @@ func TestPgBouncerElectionHandsOver(t *testing.T) {
 			key := "feed:" + c.name
 			first, err := leader.Elect(key, f.leader(0))
 			require.NoError(t, err)
-			require.Equal(t, 0, next(t, f.acquired, "leader").who)
+			require.Equal(t, 0, receive(t, f.acquired, "leader").who)
 			_, err = follower.Elect(key, f.leader(1))
 			require.NoError(t, err)
 			time.Sleep(ttl / 2) // the follower has lost a campaign
@@ -216,7 +216,7 @@ func TestPgBouncerElectionHandsOver(t *testing.T) {
 
 			start := time.Now()
 			require.NoError(t, first.Resign(t.Context()))
-			require.Equal(t, 1, next(t, f.acquired, "the follower leading after the leader's release").who)
+			require.Equal(t, 1, receive(t, f.acquired, "the follower leading after the leader's release").who)
 			t.Logf("resign to handover: %v", time.Since(start))
 		})
 	}
@@ -245,7 +245,7 @@ func TestPgBouncerWaiterGetsTheKey(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond)
 	require.NoError(t, held.Release(t.Context()))
-	require.NoError(t, next(t, got, "acquisition after the release"))
+	require.NoError(t, receive(t, got, "acquisition after the release"))
 }
 
 // TestPgBouncerFencedWrites: ExecFenced and FenceHeld through PgBouncer on a pool in

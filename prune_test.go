@@ -50,16 +50,6 @@ func pruneForms() map[string]func(t *testing.T) pruneDB {
 	}
 }
 
-// lockKeys lists the keys that have a row, live or not.
-func lockKeys(t *testing.T, pool *pgxpool.Pool) []string {
-	t.Helper()
-	rows, err := pool.Query(t.Context(), "SELECT key FROM pglock.locks ORDER BY key")
-	require.NoError(t, err)
-	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return keys
-}
-
 // acquire takes key on store for owner "o" and returns its token.
 func acquire(t *testing.T, store pglock.Store, key string, ttl time.Duration) int64 {
 	t.Helper()
@@ -234,20 +224,26 @@ func TestPruneRacingAcquisitionsKeepsEveryKeysTokensIncreasing(t *testing.T) {
 }
 
 // TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule: an acquisition of a key
-// without a row stalls inside its INSERT (a trigger sleeps, as a descheduled backend
-// would) while another client takes the key, releases it, and a prune deletes its row.
-// The stalled acquisition then inserts the key: its token must still be greater than
-// the other's. PostgreSQL evaluates an INSERT's VALUES before the trigger and the
-// conflict check, so a token drawn there would be the older one.
+// without a row stalls inside its INSERT (a trigger waits for an advisory lock the test
+// holds, as a descheduled backend would stall) while another client takes the key,
+// releases it, and a prune deletes its row. The stalled acquisition then inserts the
+// key: its token must still be greater than the other's. PostgreSQL evaluates an
+// INSERT's VALUES before the trigger and the conflict check, so a token drawn there
+// would be the older one.
 func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := pruneForms()["pgx"](t)
 	_, err := db.pool.Exec(ctx, `
 		CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$;
+			$$ BEGIN PERFORM pg_advisory_xact_lock(42); RETURN NEW; END $$;
 		CREATE TRIGGER stall BEFORE INSERT ON pglock.locks FOR EACH ROW
 			WHEN (NEW.owner = 'stalled') EXECUTE FUNCTION public.stall()`)
+	require.NoError(t, err)
+	stall, err := db.pool.Begin(ctx) // holds the advisory lock until the prune is done
+	require.NoError(t, err)
+	defer func() { _ = stall.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = stall.Exec(ctx, "SELECT pg_advisory_xact_lock(42)")
 	require.NoError(t, err)
 
 	type result struct {
@@ -261,16 +257,17 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 		stalled <- result{token, ok, err}
 	}()
 	require.Eventually(t, func() bool {
-		var sleeping bool
-		require.NoError(t, db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event = 'PgSleep')`).Scan(&sleeping))
-		return sleeping
+		var stalled bool
+		err := db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event = 'advisory')`).Scan(&stalled)
+		return err == nil && stalled
 	}, 5*time.Second, 5*time.Millisecond, "the acquisition stalls in its INSERT")
 
 	other := released(t, db.store, "k")
 	n, err := db.client.Prune(ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
+	require.NoError(t, stall.Rollback(ctx)) // the stalled acquisition goes on
 
 	r := <-stalled
 	require.NoError(t, r.err)
@@ -303,13 +300,15 @@ func TestPruneSkipsTheRowOfAnOpenFencedTx(t *testing.T) {
 	start := time.Now()
 	n, err := db.client.Prune(pruneCtx, 0)
 	require.NoError(t, err)
-	require.Less(t, time.Since(start), time.Second, "the prune waited for the fenced tx")
+	took := time.Since(start)
 	require.EqualValues(t, 1, n)
 	require.Equal(t, []string{"fenced:a"}, lockKeys(t, db.pool))
 
 	require.NoError(t, tx.Commit(ctx))
-	n, err = db.client.Prune(ctx, 0)
+	start = time.Now()
+	n, err = db.client.Prune(ctx, 0) // a like prune, with nothing to wait for
 	require.NoError(t, err)
+	requirePrompt(t, took, time.Second, time.Since(start), "the prune waited for the fenced tx")
 	require.EqualValues(t, 1, n)
 	require.Empty(t, lockKeys(t, db.pool))
 	require.Greater(t, acquire(t, db.store, "fenced:a", time.Minute), token)
@@ -335,12 +334,14 @@ func TestPruneReturnsAtOnceWhileAnotherPruneRuns(t *testing.T) {
 	start := time.Now()
 	n, err = db.client.Prune(pruneCtx, 0)
 	require.NoError(t, err)
+	took := time.Since(start)
 	require.Zero(t, n, "a prune ran while another was running")
-	require.Less(t, time.Since(start), time.Second, "the prune waited for the other")
 
 	require.NoError(t, other.Commit(ctx))
-	n, err = db.client.Prune(ctx, 0)
+	start = time.Now()
+	n, err = db.client.Prune(ctx, 0) // a like prune, with nothing to wait for
 	require.NoError(t, err)
+	requirePrompt(t, took, time.Second, time.Since(start), "the prune waited for the other")
 	require.EqualValues(t, 1, n)
 	require.Empty(t, lockKeys(t, db.pool))
 }

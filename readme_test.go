@@ -3,20 +3,27 @@ package pglock_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"go/ast"
 	"go/format"
 	"go/parser"
 	"go/token"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/pglocktest"
 )
 
 // readmeBlock is a ```go block of README.md.
@@ -54,6 +61,7 @@ var readmeImports = map[string]string{
 // function with readmeEnv's variables, importing the readmeImports it uses. Errors
 // point at README.md's lines.
 func TestReadmeGoBlocksCompile(t *testing.T) {
+	t.Parallel()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Skipf("no go command to build README.md's blocks with: %v", err)
@@ -142,6 +150,7 @@ func readmeFunc(readme string, b readmeBlock) string {
 
 // The README's two commands stay as they are: other documents and habits point at them.
 func TestReadmeCommands(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	for _, cmd := range []string{
@@ -150,4 +159,123 @@ func TestReadmeCommands(t *testing.T) {
 	} {
 		require.Regexp(t, "(?m)^"+regexp.QuoteMeta(cmd)+" ", string(text))
 	}
+}
+
+// TestReadmeQuickStartRuns builds the Quick start's program and runs it as a newcomer
+// would: against a database that accepts connections and never answers, it gives up
+// within its start-up bound, exiting 1 with an error that says so; against a fresh
+// database it marks payment 42 paid (one row written), and again on a second run
+// (a newer lock, a greater token); when the row carries a token above the lock's, as
+// after a newer holder's write, its write is refused and it says so.
+func TestReadmeQuickStartRuns(t *testing.T) {
+	t.Parallel()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command to build the Quick start with: %v", err)
+	}
+	bin := buildQuickStart(t, goTool)
+	run := func(databaseURL string) (out string, exitCode int, took time.Duration) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL)
+		start := time.Now()
+		b, err := cmd.CombinedOutput()
+		took = time.Since(start)
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			return string(b), exit.ExitCode(), took
+		}
+		require.NoError(t, err, "%s", b)
+		return string(b), 0, took
+	}
+
+	t.Run("a database that never answers", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		var mu sync.Mutex
+		var conns []net.Conn
+		accepted := make(chan struct{})
+		go func() { // accepts, reads nothing, answers nothing
+			defer close(accepted)
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+		}()
+		t.Cleanup(func() {
+			require.NoError(t, ln.Close())
+			<-accepted
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		})
+		out, code, took := run("postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable")
+		t.Logf("gave up after %v: %s", took.Round(time.Millisecond), out)
+		require.Equal(t, 1, code, "%s", out)
+		require.Less(t, took, 10*time.Second+5*time.Second, "the start-up bound is 10 s")
+		require.Contains(t, out, "pglock: migrate")
+		require.Contains(t, out, "context deadline exceeded")
+	})
+
+	t.Run("a fresh database", func(t *testing.T) {
+		t.Parallel()
+		url := pglocktest.PostgresURL(t)
+		for range 2 {
+			out, code, _ := run(url)
+			require.Zero(t, code, "%s", out)
+			require.Contains(t, out, `msg="marked payment 42 paid" rows_written=1 token=`)
+		}
+		pool := pglocktest.Pool(t, url, 1)
+		_, err := pool.Exec(t.Context(), "UPDATE payments SET fencing_token = 1000000 WHERE id = 42") // a newer holder's write
+		require.NoError(t, err)
+		out, code, _ := run(url)
+		require.Equal(t, 1, code, "%s", out)
+		require.Contains(t, out, "payment 42: write refused: a holder with a token above")
+		require.NotContains(t, out, "marked payment 42 paid")
+	})
+}
+
+// buildQuickStart builds the program of README.md's Quick start section and returns the
+// executable's path.
+func buildQuickStart(t *testing.T, goTool string) string {
+	t.Helper()
+	readme, err := filepath.Abs("README.md")
+	require.NoError(t, err)
+	text, err := os.ReadFile(readme)
+	require.NoError(t, err)
+	at := bytes.Index(text, []byte("\n## Quick start\n"))
+	require.GreaterOrEqual(t, at, 0, "README.md has no Quick start section")
+	line := func(offset int) int { return bytes.Count(text[:offset], []byte("\n")) + 1 }
+	start, end := line(at+1), len(text)
+	if next := bytes.Index(text[at+1:], []byte("\n## ")); next >= 0 {
+		end = at + 1 + next
+	}
+	blocks := readmeGoBlocks(t, readme)
+	i := slices.IndexFunc(blocks, func(b readmeBlock) bool {
+		return b.line > start && b.line < line(end) && strings.HasPrefix(b.code, "package main\n")
+	})
+	require.GreaterOrEqual(t, i, 0, "README.md's Quick start has no whole program")
+	block := blocks[i]
+
+	// Inside the module, so that the program imports this pglock; "_" hides the
+	// directory from ./... patterns.
+	dir, err := os.MkdirTemp(".", "_readme_quickstart_")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
+	src := fmt.Sprintf("//line %s:%d\n%s", readme, block.line, block.code)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644))
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	out, err := exec.Command(goTool, "build", "-o", bin, "./"+filepath.ToSlash(dir)).CombinedOutput()
+	require.NoError(t, err, "README.md's Quick start does not build:\n%s", out)
+	return bin
 }

@@ -120,7 +120,7 @@ func TestSessionSettingsKeepALocksMeaning(t *testing.T) {
 			_, ok, err = store.Acquire(ctx, "session:k", "b", time.Minute)
 			require.NoError(t, err)
 			require.False(t, ok, "held")
-			time.Sleep(400 * time.Millisecond) // past the renewed expiry
+			awaitExpiry(t, admin, "session:k") // past the renewed expiry
 			renewed, err = store.Renew(ctx, "session:k", "a", time.Minute)
 			require.NoError(t, err)
 			require.False(t, renewed, "expired")

@@ -105,7 +105,8 @@ func TestStoreRetryNeverLeavesTheServerWaitingOnTheClient(t *testing.T) {
 func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)
-	params := "&default_transaction_isolation=repeatable%20read&lock_timeout=5s&application_name=retry_fails"
+	const lockTimeout = 2 * time.Second
+	params := "&default_transaction_isolation=repeatable%20read&lock_timeout=" + lockTimeout.String() + "&application_name=retry_fails"
 	direct := pglocktest.Pool(t, url, 4)
 	for _, tc := range []struct {
 		name  string
@@ -136,27 +137,21 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 			require.True(t, ok)
 			opened := reconnects()
 
-			// A renewal in flight has changed the row; behind the store's own renewal,
-			// another transaction waits to lock the row.
+			// A renewal in flight has changed the row; another transaction waits to lock
+			// the row, and behind it the store's own renewal.
 			renewal, err := direct.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = renewal.Rollback(context.WithoutCancel(ctx)) }()
 			_, err = renewal.Exec(ctx, "SELECT pglock.lock_renew($1, 'holder', 60000)", key)
 			require.NoError(t, err)
-			renewed := make(chan error, 1)
-			go func() {
-				_, err := store.Renew(ctx, key, "holder", time.Minute)
-				renewed <- err
-			}()
 			waiting := func(n int) func() bool {
 				return func() bool {
 					var waiters int
-					require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-						WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters))
-					return waiters >= n
+					err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+						WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiters)
+					return err == nil && waiters >= n
 				}
 			}
-			require.Eventually(t, waiting(1), 4*time.Second, 2*time.Millisecond)
 			next, err := direct.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = next.Rollback(context.WithoutCancel(ctx)) }()
@@ -165,12 +160,29 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 				_, err := next.Exec(ctx, "SELECT FROM pglock.locks WHERE key = $1 FOR NO KEY UPDATE", key)
 				locked <- err
 			}()
-			require.Eventually(t, waiting(2), 4*time.Second, 2*time.Millisecond, "within the store's lock_timeout")
+			require.Eventually(t, waiting(1), 4*time.Second, 2*time.Millisecond)
+			renewed := make(chan error, 1)
+			go func() {
+				_, err := store.Renew(ctx, key, "holder", time.Minute)
+				renewed <- err
+			}()
+			require.Eventually(t, waiting(2), lockTimeout/2, 2*time.Millisecond, "within the store's lock_timeout")
 
-			// The store's renewal fails with 40001, and its retry waits behind next's
-			// row lock until lock_timeout.
+			// The renewal commits: next, first in line, locks the row's new version (its
+			// backend running on from the wake-up, before the store hears of anything);
+			// the store's renewal fails with 40001, and its retry waits behind next's row
+			// lock until lock_timeout. (With the store first in line, next had to be
+			// scheduled again to lock the row, and a loaded machine let the retry in
+			// before it.)
 			require.NoError(t, renewal.Commit(ctx))
 			require.NoError(t, receive(t, locked))
+			require.Eventually(t, func() bool {
+				var retrying bool
+				err := direct.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+					WHERE application_name = 'retry_fails' AND wait_event_type = 'Lock'
+					  AND query LIKE 'BEGIN ISOLATION LEVEL READ COMMITTED;%')`).Scan(&retrying)
+				return err == nil && retrying
+			}, lockTimeout/2, 2*time.Millisecond, "the store's retry waits behind next")
 			err = receive(t, renewed)
 			var pgErr *pgconn.PgError
 			require.ErrorAs(t, err, &pgErr)

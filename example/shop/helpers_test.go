@@ -1,7 +1,6 @@
 package shop_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/example/shop"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -80,16 +80,7 @@ func (w *world) kibble(t *testing.T) int {
 }
 
 // logs is the instances' log, in slog's text format, safe for concurrent use.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type logs struct{ testkit.LogBuffer }
 
 func (l *logs) logger(instance string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).With(slog.String("instance", instance))
@@ -98,9 +89,7 @@ func (l *logs) logger(instance string) *slog.Logger {
 // count returns how many lines have the message msg and every one of attrs
 // ("key=value", as slog's text handler writes them).
 func (l *logs) count(msg string, attrs ...string) int {
-	l.mu.Lock()
-	text := l.buf.String()
-	l.mu.Unlock()
+	text := l.String()
 	n := 0
 	for line := range strings.Lines(text) {
 		fields := strings.Fields(line)

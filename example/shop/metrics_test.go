@@ -136,7 +136,5 @@ func TestHealthzShowsNoConnectionDetails(t *testing.T) {
 		require.NotContains(t, string(r.raw), detail)
 	}
 	require.Positive(t, w.logs.count("shop: unready"))
-	w.logs.mu.Lock()
-	defer w.logs.mu.Unlock()
-	require.Contains(t, w.logs.buf.String(), cfg.ConnConfig.Database, "the detail is in the log")
+	require.Contains(t, w.logs.String(), cfg.ConnConfig.Database, "the detail is in the log")
 }

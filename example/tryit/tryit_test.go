@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -20,26 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock/example/shop"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
-
-// syncBuffer is the demo's output, read by the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // freePorts returns a port p such that p, p+1 and p+2 were free a moment ago. They are
 // below the kernel's ephemeral range, from which outgoing connections (every test's
@@ -86,7 +67,7 @@ func TestTryItWalksTheStory(t *testing.T) {
 	t.Parallel()
 	var (
 		o    options
-		out  *syncBuffer
+		out  *testkit.LogBuffer
 		kept string
 		ok   bool
 		err  error
@@ -126,12 +107,12 @@ func TestTryItWalksTheStory(t *testing.T) {
 
 // walk runs the story with -keep on free ports and a database of its own, and returns
 // its options, its output, what the kept instances answered, and run's results.
-func walk(t *testing.T) (o options, out *syncBuffer, kept string, ok bool, err error) {
+func walk(t *testing.T) (o options, out *testkit.LogBuffer, kept string, ok bool, err error) {
 	t.Helper()
 	dbURL := pglocktest.PostgresURL(t)
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	out = &syncBuffer{}
+	out = &testkit.LogBuffer{}
 	o = options{serverURL: dbURL, database: strings.TrimPrefix(u.Path, "/"), ttl: 3 * time.Second, every: 2 * time.Second,
 		basePort: freePorts(t), keep: true, buildFlags: raceFlags}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -182,7 +163,7 @@ func TestTryItRefusesBadFlagsBeforeDoingAnything(t *testing.T) {
 		{ttl: 30 * time.Second, every: 0},
 		{ttl: time.Millisecond, every: 10 * time.Second},
 	} {
-		var out syncBuffer
+		var out testkit.LogBuffer
 		ok, err := run(t.Context(), o, &out)
 		require.Error(t, err, "%+v", o)
 		require.False(t, ok)

@@ -1,7 +1,6 @@
 package renewer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/pgfence/pglock/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -25,85 +26,8 @@ const patience = 5 * time.Second
 
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// fakeClock moves only when told to. Advance calls the callbacks due on the way in time
-// order, synchronously, without its lock held: a callback (a store call inside a round)
-// may move the clock, and another goroutine may Advance while a callback blocks.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	seq    uint64
-	timers []*fakeTimer
-}
-
-type fakeTimer struct {
-	at  time.Time
-	seq uint64
-	f   func()
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{now: t0} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Move moves the clock by d without calling anything, as time passing inside a call.
-func (c *fakeClock) Move(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.seq++
-	t := &fakeTimer{at: c.now.Add(max(d, 0)), seq: c.seq, f: f}
-	c.timers = append(c.timers, t)
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for i, u := range c.timers {
-			if u == t {
-				c.timers = append(c.timers[:i], c.timers[i+1:]...)
-				return true
-			}
-		}
-		return false
-	}
-}
-
-func (c *fakeClock) Advance(d time.Duration) { c.AdvanceTo(c.Now().Add(d)) }
-
-// AdvanceTo moves the clock to target (never back), calling what falls due on the way.
-func (c *fakeClock) AdvanceTo(target time.Time) {
-	for {
-		c.mu.Lock()
-		next := -1
-		for i, t := range c.timers {
-			if !t.at.After(target) && (next < 0 || t.at.Before(c.timers[next].at) ||
-				t.at.Equal(c.timers[next].at) && t.seq < c.timers[next].seq) {
-				next = i
-			}
-		}
-		if next < 0 {
-			if target.After(c.now) {
-				c.now = target
-			}
-			c.mu.Unlock()
-			return
-		}
-		t := c.timers[next]
-		c.timers = append(c.timers[:next], c.timers[next+1:]...)
-		if t.at.After(c.now) {
-			c.now = t.at
-		}
-		c.mu.Unlock()
-		t.f()
-	}
-}
+// newFakeClock returns a clock that moves only when told to, reading t0 until then.
+func newFakeClock() *testkit.Clock { return testkit.NewClock(t0) }
 
 // fakeStore renews what fn says (everything when fn is nil) and reports each call's
 // keys on sent when it is not nil. It has no batch call; fakeBatchStore has.
@@ -167,7 +91,7 @@ func newEntry(key string, ttl time.Duration) (*Entry, *lostLog) {
 	return e, l
 }
 
-func newRenewer(t *testing.T, store Store, clock *fakeClock, logger *slog.Logger) *Renewer {
+func newRenewer(t *testing.T, store Store, clock *testkit.Clock, logger *slog.Logger) *Renewer {
 	t.Helper()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -195,7 +119,7 @@ func recv[T any](t *testing.T, ch <-chan T) T {
 
 // goAdvance advances the clock on its own goroutine, where a round blocks in g's call,
 // and when the test ends opens g and waits for it.
-func goAdvance(t *testing.T, clock *fakeClock, d time.Duration, g *gate) <-chan struct{} {
+func goAdvance(t *testing.T, clock *testkit.Clock, d time.Duration, g *gate) <-chan struct{} {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -519,24 +443,6 @@ func TestRefusedAndRemove(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the renewer's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func TestFailureWarningIsRateLimited(t *testing.T) {
 	t.Parallel()
 	const (
@@ -566,7 +472,7 @@ func TestFailureWarningIsRateLimited(t *testing.T) {
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			var out syncBuffer
+			var out testkit.LogBuffer
 			logger := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{
 				Level: slog.LevelDebug,
 				ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
