@@ -151,6 +151,29 @@ func selectOne(pool *pgxpool.Pool, goroutines int) benchOp {
 	}}
 }
 
+// createBenchRows creates the table update2 writes, with a row for each of n goroutines.
+func createBenchRows(b *testing.B, pool *pgxpool.Pool, n int) {
+	b.Helper()
+	_, err := pool.Exec(b.Context(), "CREATE TABLE bench_rows (id int PRIMARY KEY, v bigint NOT NULL)")
+	require.NoError(b, err)
+	_, err = pool.Exec(b.Context(), "INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, $1) g", n-1)
+	require.NoError(b, err)
+}
+
+// update2 is two durable single-row UPDATEs of a plain table (createBenchRows), each
+// goroutine on its own row: the least a lock that survives a crash can cost, a WAL
+// flush for the acquire and one for the release.
+func update2(pool *pgxpool.Pool, goroutines int) benchOp {
+	return benchOp{name: "update2", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+		for range 2 {
+			if _, err := pool.Exec(ctx, "UPDATE bench_rows SET v = v + 1 WHERE id = $1", g); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+}
+
 // BenchmarkAcquireRelease times TryAcquire + Release on distinct keys against a SELECT 1,
 // a pg_try_advisory_lock + pg_advisory_unlock pair (two round trips on one session,
 // nothing durable) and two durable single-row UPDATEs of a plain table: the least a
@@ -160,13 +183,9 @@ func selectOne(pool *pgxpool.Pool, goroutines int) benchOp {
 func BenchmarkAcquireRelease(b *testing.B) {
 	for _, goroutines := range []int{1, 16} {
 		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
-			ctx := b.Context()
 			pool := pglocktest.Postgres(b)
 			c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
-			_, err := pool.Exec(ctx, "CREATE TABLE bench_rows (id int PRIMARY KEY, v bigint NOT NULL)")
-			require.NoError(b, err)
-			_, err = pool.Exec(ctx, "INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, $1) g", goroutines-1)
-			require.NoError(b, err)
+			createBenchRows(b, pool, goroutines)
 
 			advisory := benchOp{name: "advisory", goroutines: goroutines, run: func(ctx context.Context, g int) error {
 				conn, err := pool.Acquire(ctx) // session locks: both calls on one connection
@@ -185,15 +204,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 				}
 				return nil
 			}}
-			update2 := benchOp{name: "update2", goroutines: goroutines, run: func(ctx context.Context, g int) error {
-				for range 2 {
-					if _, err := pool.Exec(ctx, "UPDATE bench_rows SET v = v + 1 WHERE id = $1", g); err != nil {
-						return err
-					}
-				}
-				return nil
-			}}
-			ops := []benchOp{acquireRelease(c, goroutines), selectOne(pool, goroutines), advisory, update2, seedSQL(b, pool, goroutines)}
+			ops := []benchOp{acquireRelease(c, goroutines), selectOne(pool, goroutines), advisory, update2(pool, goroutines), seedSQL(b, pool, goroutines)}
 			warmUp(b, ops...)
 			reportVs(b, ops, interleave(b, ops...))
 		})

@@ -28,7 +28,7 @@ import (
 
 // failoverPair starts a pair in mode and migrates it through its multi-host URL; the
 // standby has the schema when it returns.
-func failoverPair(t *testing.T, mode failover.Mode) *failover.Pair {
+func failoverPair(t testing.TB, mode failover.Mode) *failover.Pair {
 	t.Helper()
 	p := failover.Start(t, mode)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -64,7 +64,7 @@ func failoverClientPool(t *testing.T, p *failover.Pair, instance string, opts ..
 
 // waitStandbyReplayed waits until the standby has replayed everything the primary
 // wrote so far.
-func waitStandbyReplayed(t *testing.T, p *failover.Pair) {
+func waitStandbyReplayed(t testing.TB, p *failover.Pair) {
 	t.Helper()
 	var lsn string
 	queryURL(t, p.PrimaryURL(), "SELECT pg_current_wal_lsn()::text", []any{&lsn})
@@ -76,7 +76,7 @@ func waitStandbyReplayed(t *testing.T, p *failover.Pair) {
 }
 
 // queryURL runs one query that returns one row on a connection of its own.
-func queryURL(t *testing.T, url, sql string, dest []any, args ...any) {
+func queryURL(t testing.TB, url, sql string, dest []any, args ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
