@@ -34,7 +34,7 @@ var schemaSQL string
 
 // The nemesis's faults.
 const (
-	faultPause     = "pause"     // SIGSTOP a worker (a lock holder if there is one) for 2-4 ttl, then SIGCONT
+	faultPause     = "pause"     // SIGSTOP a worker (between a read and its write, or a lock holder, if there is one) for 2-4 ttl, then SIGCONT
 	faultKill      = "kill"      // SIGKILL a worker and start a new one in its slot
 	faultStop      = "stop"      // SIGTERM a worker in a WithLock section (Close), wait for it, start a new one
 	faultTerminate = "terminate" // pg_terminate_backend every backend of one worker
@@ -563,7 +563,11 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 	switch kind {
 	case faultPause:
 		d := c.between(2*c.cfg.TTL, 4*c.cfg.TTL)
-		if h := c.holder(ctx); h != nil {
+		// Between a read and its write, so that the write goes stale (invariant 6
+		// needs one that collides); else any holder of a key.
+		if h := c.inRead(ctx); h != nil {
+			s, f.Target, f.Detail = h, h.cur.life.ID, "a lock holder, between a read and its write"
+		} else if h := c.holder(ctx); h != nil {
 			s, f.Target, f.Detail = h, h.cur.life.ID, "a lock holder"
 		}
 		f.Start = time.Now()
@@ -658,13 +662,25 @@ func (c *controller) holder(ctx context.Context) *slot {
 // inSection returns the slot of a worker that is inside a WithLock section now, if
 // any (a stop then lands in it), as the tail of its history says.
 func (c *controller) inSection(ctx context.Context) *slot {
-	for range 100 { // sections come and go: look again
+	return c.lookFor(ctx, 100, 5*time.Millisecond, sectionOpen) // sections come and go: look again
+}
+
+// inRead returns the slot of a worker between a read and its write now, if any within
+// about 200 ms (a pause then lands in its think time), as the tail of its history says.
+func (c *controller) inRead(ctx context.Context) *slot {
+	return c.lookFor(ctx, 100, 2*time.Millisecond, readOpen)
+}
+
+// lookFor returns the slot of a worker whose history's tail passes open, looking up to
+// times, every pause, or nil.
+func (c *controller) lookFor(ctx context.Context, times int, pause time.Duration, open func(path string) bool) *slot {
+	for range times {
 		for _, i := range c.rng.Perm(len(c.slots)) {
-			if s := c.slots[i]; sectionOpen(historyFile(c.cfg.Dir, s.cur.life.ID)) {
+			if s := c.slots[i]; open(historyFile(c.cfg.Dir, s.cur.life.ID)) {
 				return s
 			}
 		}
-		if !sleep(ctx, 5*time.Millisecond) {
+		if !sleep(ctx, pause) {
 			return nil
 		}
 	}
@@ -674,29 +690,45 @@ func (c *controller) inSection(ctx context.Context) *slot {
 // sectionOpen reports whether the last section record in the tail of the history at
 // path is a section's start.
 func sectionOpen(path string) bool {
+	r, ok := lastRecord(path, fSection)
+	return ok && r.Type == typeInvoke
+}
+
+// readOpen reports whether the last read or write record in the tail of the history at
+// path is a read that returned: the worker is between a read-modify-write's read and
+// its write (its think time), so a pause now makes that write stale.
+func readOpen(path string) bool {
+	r, ok := lastRecord(path, fRead, fWrite)
+	return ok && r.F == fRead && r.Type == typeOK
+}
+
+// lastRecord returns the last record, in the tail of the history at path, whose F is one
+// of fs.
+func lastRecord(path string, fs ...string) (Record, bool) {
 	f, err := os.Open(path)
 	if err != nil {
-		return false
+		return Record{}, false
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return false
+		return Record{}, false
 	}
 	off := max(st.Size()-32<<10, 0)
 	buf := make([]byte, st.Size()-off)
 	if _, err := f.ReadAt(buf, off); err != nil && err != io.EOF {
-		return false
+		return Record{}, false
 	}
 	lines := bytes.Split(buf, []byte("\n"))
 	for i := len(lines) - 1; i >= 0; i-- {
 		var r Record
-		if !bytes.Contains(lines[i], []byte(`"f":"`+fSection+`"`)) || json.Unmarshal(lines[i], &r) != nil {
+		if !slices.ContainsFunc(fs, func(f string) bool { return bytes.Contains(lines[i], []byte(`"f":"`+f+`"`)) }) ||
+			json.Unmarshal(lines[i], &r) != nil {
 			continue
 		}
-		return r.Type == typeInvoke
+		return r, true
 	}
-	return false
+	return Record{}, false
 }
 
 // restart runs the restart command and waits until the server answers again.
