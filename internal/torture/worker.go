@@ -675,12 +675,21 @@ type tickKey struct{}
 // schedule in every worker, so a tick's number names it across workers. Missed ticks
 // are not caught up.
 func (w *worker) ticks(ctx context.Context, job *pglock.Job) {
+	var last int64
 	for {
 		next := time.Now().Truncate(w.cfg.tick).Add(w.cfg.tick)
 		if !sleep(ctx, time.Until(next)) {
 			return
 		}
-		n := next.UnixNano() / int64(w.cfg.tick)
+		// The tick is the one of the moment the timer fired, as a scheduler's run is
+		// the run of the moment it starts: a worker paused on its way to a tick (or a
+		// timer that fires late) runs a later tick, not the one it slept for, which
+		// another worker may have run meanwhile. Missed ticks are not caught up.
+		n := time.Now().UnixNano() / int64(w.cfg.tick)
+		if n <= last { // the timer fired a moment early
+			continue
+		}
+		last = n
 		if err := job.Run(context.WithValue(ctx, tickKey{}, n)); err != nil && ctx.Err() == nil {
 			w.h.add(Record{Type: typeFail, F: fTick, Wrote: n, Err: err.Error()})
 		}
