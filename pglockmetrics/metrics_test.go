@@ -86,11 +86,7 @@ func receive[T any](t *testing.T, ch <-chan T) T {
 func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { require.NoError(t, mp.Shutdown(context.Background())) })
-	m, err := pglockmetrics.New(mp)
-	require.NoError(t, err)
+	m, reader := newMetrics(t)
 
 	pool := pglocktest.Postgres(t)
 	quiet := pglock.WithLogger(discard)
@@ -218,16 +214,24 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	}
 }
 
-// Events dropped because a handler was too slow are counted, and the count stays when
-// the client is no longer observed: a counter never goes back.
-func TestMetricsCountDroppedEvents(t *testing.T) {
-	t.Parallel()
-	ctx := t.Context()
+// newMetrics returns Metrics on a meter provider of their own, shut down when the test
+// ends, and the reader that collects what they recorded.
+func newMetrics(t *testing.T) (*pglockmetrics.Metrics, *sdkmetric.ManualReader) {
+	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { require.NoError(t, mp.Shutdown(context.Background())) })
 	m, err := pglockmetrics.New(mp)
 	require.NoError(t, err)
+	return m, reader
+}
+
+// Events dropped because a handler was too slow are counted, and the count stays when
+// the client is no longer observed: a counter never goes back.
+func TestMetricsCountDroppedEvents(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	m, reader := newMetrics(t)
 	unblock, first := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	c, err := pglock.NewWithStore(pglock.NewMemoryStore(nil), pglock.WithLogger(discard),
