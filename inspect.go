@@ -29,6 +29,11 @@ type LockInfo struct {
 	// not move it. Zero when unknown: a row last acquired before migration 15, and
 	// from ForceRelease and Election.Leader.
 	AcquiredAt time.Time
+	// TTL is the lease's ttl as that acquisition set it (renewals keep it): a live
+	// lease with under a third of it left missed its renewals. With PostgreSQL it is
+	// the new expiry less the clock a trigger read just after the acquisition, so a
+	// few milliseconds short. Zero when AcquiredAt is.
+	TTL time.Duration
 	// ExpiresAt is when the lease ends (or ended: its expiry or its release), on the
 	// store's clock.
 	ExpiresAt time.Time

@@ -60,15 +60,16 @@ func scanEach(rows interface {
 
 func (s *postgresStore) listLocks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	out := []LockInfo{}
-	err := s.queryRows(ctx, `SELECT key, coalesce(owner, ''), fencing_token, expires_at, held, wanted, read_at, acquired_at FROM pglock.lock_list($1)`,
+	err := s.queryRows(ctx, `SELECT key, coalesce(owner, ''), fencing_token, expires_at, held, wanted, read_at, acquired_at, ttl_ms FROM pglock.lock_list($1)`,
 		[]any{prefix}, func(r scanner) error {
 			var l LockInfo
 			var readAt time.Time
 			var acquiredAt sql.NullTime
-			if err := r.Scan(&l.Key, &l.Owner, &l.Token, &l.ExpiresAt, &l.Held, &l.Waiting, &readAt, &acquiredAt); err != nil {
+			var ttlMS sql.NullInt64
+			if err := r.Scan(&l.Key, &l.Owner, &l.Token, &l.ExpiresAt, &l.Held, &l.Waiting, &readAt, &acquiredAt, &ttlMS); err != nil {
 				return err
 			}
-			l.AcquiredAt = acquiredAt.Time
+			l.AcquiredAt, l.TTL = acquiredAt.Time, time.Duration(ttlMS.Int64)*time.Millisecond
 			l.Instance = instanceOf(l.Owner)
 			l.ExpiresIn = expiresIn(l.ExpiresAt, readAt, l.Held)
 			out = append(out, l)
@@ -123,7 +124,7 @@ func (s *memoryStore) listLocks(_ context.Context, prefix string) ([]LockInfo, e
 	for key, l := range s.locks {
 		if strings.HasPrefix(key, prefix) {
 			info := s.info(key, l, now)
-			info.AcquiredAt = l.acquired // lock_list's alone, as with PostgreSQL
+			info.AcquiredAt, info.TTL = l.acquired, l.ttl // lock_list's alone, as with PostgreSQL
 			out = append(out, info)
 		}
 	}

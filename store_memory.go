@@ -30,8 +30,9 @@ type memoryStore struct {
 type memoryLock struct {
 	owner    string // "" once released
 	token    int64
-	acquired time.Time // when token was drawn
-	expires  time.Time // the end of the lease: its expiry, or its release
+	acquired time.Time     // when token was drawn
+	ttl      time.Duration // the ttl it was drawn for
+	expires  time.Time     // the end of the lease: its expiry, or its release
 }
 
 func (s *memoryStore) pglockStore() {}
@@ -61,7 +62,7 @@ func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Dur
 		s.locks[key] = l
 	}
 	now := s.clock.Now()
-	l.owner, l.token, l.acquired, l.expires = owner, max(s.seq, l.token+1), now, now.Add(ttl)
+	l.owner, l.token, l.acquired, l.ttl, l.expires = owner, max(s.seq, l.token+1), now, ttl.Truncate(time.Millisecond), now.Add(ttl)
 	return l.token, true, nil
 }
 

@@ -1,4 +1,4 @@
--- Back to lock_list as 000007 defined it (without acquired_at), no triggers, no column.
+-- Back to lock_list as 000007 defined it (without acquired_at and ttl_ms), no triggers, no column.
 DROP FUNCTION IF EXISTS pglock.lock_list(text);
 CREATE FUNCTION pglock.lock_list(prefix text)
 RETURNS TABLE (key text, owner text, fencing_token bigint, expires_at timestamptz,
@@ -31,4 +31,5 @@ END $$;
 DROP TRIGGER IF EXISTS locks_acquired_at_update ON pglock.locks;
 DROP TRIGGER IF EXISTS locks_acquired_at_insert ON pglock.locks;
 DROP FUNCTION IF EXISTS pglock.locks_set_acquired_at();
+ALTER TABLE pglock.locks DROP COLUMN IF EXISTS ttl_ms;
 ALTER TABLE pglock.locks DROP COLUMN IF EXISTS acquired_at;
