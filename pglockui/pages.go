@@ -95,9 +95,9 @@ func queryContext(r *http.Request) (context.Context, context.CancelFunc) {
 // lockRow is one row of the locks table.
 type lockRow struct {
 	pglock.LockInfo
-	State     string        // "held", "expiring" or "free"
-	HeldFor   time.Duration // 0 when unknown or free
-	Expires   string        // ExpiresAt in RFC 3339 with ms, for the script's countdown
+	State   string        // "held", "expiring" or "free"
+	HeldFor time.Duration // 0 when unknown or free
+	Expires string        // ExpiresAt in RFC 3339 with ms, for the script's countdown
 }
 
 type sortColumn struct {
