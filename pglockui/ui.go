@@ -116,7 +116,9 @@ func (c *console) root(next http.Handler) http.Handler {
 			if base == "/" || base == "." {
 				base = ""
 			}
-			http.Redirect(w, r, base+"/", http.StatusMovedPermanently)
+			// Not http.Redirect, which would resolve it against the stripped path.
+			w.Header().Set("Location", base+"/")
+			w.WriteHeader(http.StatusMovedPermanently)
 			return
 		}
 		next.ServeHTTP(w, r)
