@@ -48,9 +48,9 @@ type listener struct {
 	retry  chan struct{} // cuts a backoff short (retryNow)
 
 	mu      sync.Mutex
-	waiters map[string][]*waiter // by key, in the order they subscribed
+	waiters map[string][]*waiter     // by key, in the order they subscribed
 	fair    map[string]chan struct{} // the fair waiters' wake-ups, by owner (queue.go)
-	up      bool                 // LISTEN is active
+	up      bool                     // LISTEN is active
 	closed  bool
 	// starting is set while the first connection is under way (a second or more on a
 	// loaded machine): the waiters' heads poll (startingPoll).

@@ -48,8 +48,10 @@ REVOKE ALL ON TABLE pglock.waiters FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pglock.waiter_ticket_seq FROM PUBLIC;
 
 -- fencing_token_next draws a token as 000012's lock_acquire did: at least its
--- timeline's floor. Not SECURITY DEFINER: only the functions below call it, as the
--- schema's owner; a role that may not use the sequence gets an error.
+-- timeline's floor. Not SECURITY DEFINER: the functions below call it, as the schema's
+-- owner; a role granted EXECUTE on it, as on every function of the schema, runs it
+-- with its own privileges, and one that may not use the sequence gets an error (so
+-- for lock_take and queue_grant, on the tables).
 CREATE OR REPLACE FUNCTION pglock.fencing_token_next() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -363,6 +365,9 @@ BEGIN
         WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure
           AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
     LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.fencing_token_next() TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_take(text, text, bigint) TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.queue_grant(text) TO %s', r.grantee);
         EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.queue_acquire(text, text, bigint, integer) TO %s', r.grantee);
         EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.queue_poll(text, bigint) TO %s', r.grantee);
         EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.queue_leave(text, bigint) TO %s', r.grantee);
