@@ -3,11 +3,13 @@ package pglock_test
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -271,4 +273,34 @@ func TestFairAndUnfairWaitersNeverBothHoldTheKey(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, int32(4*3*rounds), done.Load())
+}
+
+// TestQueueFunctionsRefuseBadInput: the queue's SQL functions refuse what the Go API
+// never sends (22023), and change nothing.
+func TestQueueFunctionsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	long := strings.Repeat("k", 501)
+	for _, tc := range []struct{ name, sql string }{
+		{"acquire: empty key", `SELECT * FROM pglock.queue_acquire('', 'o', 1000, 0)`},
+		{"acquire: key too long", `SELECT * FROM pglock.queue_acquire('` + long + `', 'o', 1000, 0)`},
+		{"acquire: empty owner", `SELECT * FROM pglock.queue_acquire('k', '', 1000, 0)`},
+		{"acquire: ttl 0", `SELECT * FROM pglock.queue_acquire('k', 'o', 0, 0)`},
+		{"acquire: ttl past a year", `SELECT * FROM pglock.queue_acquire('k', 'o', 31536000001, 0)`},
+		{"acquire: permits", `SELECT * FROM pglock.queue_acquire('k', 'o', 1000, 2)`},
+		{"poll: ticket 0", `SELECT * FROM pglock.queue_poll('k', 0)`},
+		{"poll: empty key", `SELECT * FROM pglock.queue_poll('', 1)`},
+		{"leave: ticket -1", `SELECT pglock.queue_leave('k', -1)`},
+		{"leave: key too long", `SELECT pglock.queue_leave('` + long + `', 1)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pool.Exec(ctx, tc.sql)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "22023", pgErr.Code)
+		})
+	}
+	require.Zero(t, queued(t, pool, "k"))
+	require.Empty(t, lockKeys(t, pool))
 }

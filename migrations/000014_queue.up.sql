@@ -29,7 +29,8 @@
 -- fenced transaction's FOR KEY SHARE does not hold up), and a release or a
 -- force-release holds it already when it hands over. A heartbeat writes no lock row
 -- and flushes nothing (synchronous_commit off: a lost one only costs the waiter its
--- turn until its next poll).
+-- turn until its next poll); a claim or a take in the same call puts back the setting
+-- it found, raised to on from off or local.
 
 CREATE SEQUENCE IF NOT EXISTS pglock.waiter_ticket_seq;
 
@@ -273,6 +274,7 @@ CREATE OR REPLACE FUNCTION pglock.queue_poll(key text, ticket bigint, OUT fencin
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     w pglock.waiters;
+    prior text := current_setting('synchronous_commit');
 BEGIN
     IF queue_poll.key = '' OR length(queue_poll.key) > 500 OR queue_poll.ticket < 1 THEN
         RAISE EXCEPTION 'pglock.queue_poll: want a key of 1 to 500 characters and a ticket above 0, not a key of % characters and ticket %',
@@ -280,7 +282,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     queued := false;
-    SELECT * INTO w FROM pglock.waiters o WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket;
+    -- The heartbeat first: it row-locks the waiter's row, so that a grant under way
+    -- (queue_grant's FOR UPDATE) is seen here or comes after this call, never lost.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE pglock.waiters o SET seen_at = clock_timestamp()
+    WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket
+    RETURNING * INTO w;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -291,17 +298,15 @@ BEGIN
         RETURNING l.fencing_token INTO fencing_token;
         IF FOUND THEN
             DELETE FROM pglock.waiters o WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket;
-            IF current_setting('synchronous_commit') IN ('off', 'local') THEN
-                PERFORM set_config('synchronous_commit', 'on', true);
-            END IF;
+            PERFORM set_config('synchronous_commit',
+                CASE WHEN prior IN ('off', 'local') THEN 'on' ELSE prior END, true);
             RETURN;
         END IF;
         -- The grant lapsed: the waiter waits again, from its place.
+        UPDATE pglock.waiters o SET granted = NULL
+        WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket;
     END IF;
     queued := true;
-    PERFORM set_config('synchronous_commit', 'off', true);
-    UPDATE pglock.waiters o SET seen_at = clock_timestamp(), granted = NULL
-    WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket;
     IF EXISTS (SELECT FROM pglock.locks l
                WHERE l.key = queue_poll.key AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()) THEN
         RETURN;
@@ -317,6 +322,8 @@ BEGIN
     IF fencing_token IS NOT NULL THEN
         DELETE FROM pglock.waiters o WHERE o.key = queue_poll.key AND o.ticket = queue_poll.ticket;
         queued := false;
+        PERFORM set_config('synchronous_commit',
+            CASE WHEN prior IN ('off', 'local') THEN 'on' ELSE prior END, true);
     END IF;
 END $$;
 
