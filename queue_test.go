@@ -304,3 +304,4 @@ func TestQueueFunctionsRefuseBadInput(t *testing.T) {
 	require.Zero(t, queued(t, pool, "k"))
 	require.Empty(t, lockKeys(t, pool))
 }
+
