@@ -85,6 +85,9 @@ func (c *Client) acquireFailed(key string, start time.Time, err error) error {
 
 // acquire is Acquire, called at start, once its options are applied.
 func (c *Client) acquire(ctx context.Context, key string, lc settings, start time.Time) (*Lock, error) {
+	if lc.fair {
+		return c.acquireFair(ctx, key, lc, start)
+	}
 	var deadline time.Time
 	if lc.waitSet {
 		deadline = start.Add(lc.wait)
@@ -222,7 +225,7 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	if ctx.Err() != nil { // nothing to send, and nothing to hand back
 		return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
 	}
-	owner := c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
+	owner := c.newOwner()
 	sentAt := c.clock.Now()
 	marker, wakes, marking := w.marking()
 	r, abandoned := c.acquireCall(ctx, key, owner, ttl, func(ctx context.Context) (r acquireReply) {
@@ -240,7 +243,6 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	if r.wanted {
 		w.marked(wakes)
 	}
-	repliedAt := c.clock.Now()
 	switch {
 	case err != nil:
 		if mayHaveReached(err) {
@@ -251,6 +253,22 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 		return nil, err
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
+	}
+	return c.newLock(key, owner, ttl, token, start, sentAt)
+}
+
+// newOwner draws a new owner id: the client's instance name and a random suffix.
+func (c *Client) newOwner() string {
+	return c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
+}
+
+// newLock makes the Lock of key that the store granted owner for ttl with token, in
+// reply to a call sent at sentAt, for an acquisition that began at start: renewed from
+// sentAt on, since the lease counts from no later than that. A bad token, or a reply
+// that came after the lease's renewal deadline, is handed back.
+func (c *Client) newLock(key, owner string, ttl time.Duration, token int64, start, sentAt time.Time) (*Lock, error) {
+	repliedAt := c.clock.Now()
+	switch {
 	case token <= 0:
 		// Hand it back rather than hold a lock that cannot fence anything.
 		c.undoAcquire(key, owner, ttl)

@@ -19,12 +19,29 @@ import (
 	"github.com/pgfence/pglock/internal/tcpproxy"
 )
 
-// countingStore is the PostgreSQL store counting its lock_acquire calls. It keeps the
-// store's capabilities (markWanted above all, so that its clients listen).
+// countingStore is the PostgreSQL store counting its acquisition statements
+// (lock_acquire, lock_acquire_or_want, queue_acquire). It keeps the store's
+// capabilities (markWanted above all, so that its clients listen).
 type countingStore struct {
 	*postgresStore
 	attempts *atomic.Int64
 	marks    *atomic.Int64 // lock_want calls
+	polls    *atomic.Int64 // queue_poll calls
+	claims   *atomic.Int64 // queue_poll calls that returned a token
+}
+
+func (s countingStore) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
+	s.attempts.Add(1)
+	return s.postgresStore.queueAcquire(ctx, key, owner, ttl)
+}
+
+func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int64, bool, error) {
+	s.polls.Add(1)
+	token, queued, err := s.postgresStore.queuePoll(ctx, key, ticket)
+	if token > 0 {
+		s.claims.Add(1)
+	}
+	return token, queued, err
 }
 
 func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
@@ -67,6 +84,8 @@ type crowd struct {
 	warm bool
 	// listen is where the clients' listeners connect; nil: the pool's server.
 	listen *pgx.ConnConfig
+	// fair has every waiter wait in the fair queue (Fair).
+	fair bool
 }
 
 // crowdResult is what a crowd run measured.
@@ -74,6 +93,8 @@ type crowdResult struct {
 	acquisitions int
 	attempts     int64
 	marks        int64 // lock_want calls
+	polls        int64 // queue_poll calls
+	claims       int64 // queue_poll calls that took the key
 	// firstAttempts is how many attempts had been sent when the first acquisition came
 	// back, the winning one included.
 	firstAttempts int64
@@ -115,8 +136,13 @@ func (r crowdResult) fairness() float64 {
 // or when ctx ends first (a wake-up was lost, with a stopped clock).
 func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key string, n int) crowdResult {
 	tb.Helper()
-	var attempts, marks atomic.Int64
-	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks}
+	var attempts, marks, polls, claims atomic.Int64
+	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks,
+		polls: &polls, claims: &claims}
+	var acquireOpts []AcquireOption
+	if cr.fair {
+		acquireOpts = append(acquireOpts, Fair())
+	}
 	listen := cr.listen
 	if listen == nil {
 		listen = pool.Config().ConnConfig
@@ -154,7 +180,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 				<-ready
 				for remaining.Load() > 0 && failed.Load() == nil {
 					start := time.Now()
-					l, err := c.Acquire(ctx, key)
+					l, err := c.Acquire(ctx, key, acquireOpts...)
 					if err != nil {
 						fail(fmt.Errorf("acquire: %w", err))
 						return
@@ -193,6 +219,8 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	openAll(ctx, tb, pool)
 	attempts.Store(0) // the warm-up's do not count
 	marks.Store(0)
+	polls.Store(0)
+	claims.Store(0)
 	close(ready)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
@@ -200,6 +228,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	}
 	res.attempts = attempts.Load()
 	res.marks = marks.Load()
+	res.polls, res.claims = polls.Load(), claims.Load()
 	return res
 }
 
@@ -352,12 +381,16 @@ func blackholed(t *testing.T, cfg *pgx.ConnConfig) *pgx.ConnConfig {
 }
 
 // BenchmarkCrowd: N waiters over M clients on one pool take one key in turn, holding it
-// 2 ms, with a release waking one waiter per client (one); one op is one handover.
-// Then the start of a crowd: 100 waiters over 20 clients call Acquire at the same
-// moment, once each, holding the key 2 ms, with listeners that start with the crowd
-// (start-cold) or are up already (start-warm); one op is one such crowd of 100
-// acquisitions. Reported: handover p50, p99 and longest, lock_acquire calls per
-// acquisition, and the longest wait over the mean wait.
+// 2 ms, with a release waking one waiter per client (one), or waiting in the fair queue
+// (fair: a release hands the key to the waiter that came first); one op is one
+// handover. Then the start of a crowd: 100 waiters over 20 clients call Acquire at the
+// same moment, once each, holding the key 2 ms, with listeners that start with the
+// crowd (start-cold) or are up already (start-warm), without and with Fair; one op is
+// one such crowd of 100 acquisitions (run it with -benchtime=3x: the steady crowds make
+// 300 handovers at least). Reported: handover p50, p99 and longest,
+// acquisition statements per acquisition (lock_acquire, lock_acquire_or_want,
+// queue_acquire), the fair queue's polls and claims per acquisition, and the longest
+// wait over the mean wait.
 func BenchmarkCrowd(b *testing.B) {
 	pool := fenceTestDB(b)
 	cfg := pool.Config()
@@ -370,35 +403,44 @@ func BenchmarkCrowd(b *testing.B) {
 		b.ReportMetric(float64(percentile(res.handovers, 0.99).Microseconds())/1000, "p99-ms")
 		b.ReportMetric(float64(res.longest().Microseconds())/1000, "max-ms")
 		b.ReportMetric(res.attemptsPerAcquisition(), "attempts/acq")
+		b.ReportMetric(float64(res.polls)/float64(res.acquisitions), "polls/acq")
+		b.ReportMetric(float64(res.claims)/float64(res.acquisitions), "claims/acq")
 		b.ReportMetric(res.fairness(), "maxwait/mean")
 	}
+	variants := map[bool]string{false: "one", true: "fair"}
 	for _, size := range [][2]int{{1, 2}, {1, 20}, {5, 4}, {20, 5}} {
-		b.Run(fmt.Sprintf("%dx%d/one", size[0], size[1]), func(b *testing.B) {
-			cr := crowd{clients: size[0], waitersEach: size[1], hold: 2 * time.Millisecond}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			n := max(b.N, 2)
-			b.ResetTimer()
-			res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d", b.Name(), b.N), n)
-			b.StopTimer()
-			report(b, res)
-		})
+		for _, fair := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%dx%d/%s", size[0], size[1], variants[fair]), func(b *testing.B) {
+				cr := crowd{clients: size[0], waitersEach: size[1], hold: 2 * time.Millisecond, fair: fair}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				n := max(b.N, 300) // a crowd's worth, whatever -benchtime: it is run with 3x for the starts
+				b.ResetTimer()
+				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d", b.Name(), b.N), n)
+				b.StopTimer()
+				report(b, res)
+			})
+		}
 	}
 	for _, warm := range []bool{false, true} {
-		b.Run("20x5/start-"+map[bool]string{false: "cold", true: "warm"}[warm], func(b *testing.B) {
-			var all crowdResult
-			for i := range b.N {
-				cr := crowd{clients: 20, waitersEach: 5, hold: 2 * time.Millisecond, once: true, warm: warm}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-				res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d/%d", b.Name(), b.N, i), 0)
-				cancel()
-				all.acquisitions += res.acquisitions
-				all.attempts += res.attempts
-				all.handovers = append(all.handovers, res.handovers...)
-				all.waits = append(all.waits, res.waits...)
-			}
-			report(b, all)
-		})
+		for _, fair := range []bool{false, true} {
+			b.Run(fmt.Sprintf("20x5/start-%s/%s", map[bool]string{false: "cold", true: "warm"}[warm], variants[fair]), func(b *testing.B) {
+				var all crowdResult
+				for i := range b.N {
+					cr := crowd{clients: 20, waitersEach: 5, hold: 2 * time.Millisecond, once: true, warm: warm, fair: fair}
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+					res := cr.run(ctx, b, big, fmt.Sprintf("crowd/bench/%s/%d/%d", b.Name(), b.N, i), 0)
+					cancel()
+					all.acquisitions += res.acquisitions
+					all.attempts += res.attempts
+					all.polls += res.polls
+					all.claims += res.claims
+					all.handovers = append(all.handovers, res.handovers...)
+					all.waits = append(all.waits, res.waits...)
+				}
+				report(b, all)
+			})
+		}
 	}
 }
 

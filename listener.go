@@ -13,6 +13,11 @@ import (
 // when a waiter marked the key (migrations/000003_notify.up.sql).
 const releasedChannel = "pglock_released"
 
+// grantedChannel is what a release that hands its key to the head of the fair queue
+// notifies, with the head's owner as the payload (migrations/000014_queue.up.sql), so
+// that the one waiter granted the key is woken, on whichever client it waits.
+const grantedChannel = "pglock_granted"
+
 // The listener's reconnection backoff. It runs on the real clock, not the client's:
 // it waits for a server to come back, not for a lease.
 const (
@@ -43,8 +48,9 @@ type listener struct {
 	retry  chan struct{} // cuts a backoff short (retryNow)
 
 	mu      sync.Mutex
-	waiters map[string][]*waiter // by key, in the order they subscribed
-	up      bool                 // LISTEN is active
+	waiters map[string][]*waiter     // by key, in the order they subscribed
+	fair    map[string]chan struct{} // the fair waiters' wake-ups, by owner (queue.go)
+	up      bool                     // LISTEN is active
 	closed  bool
 	// starting is set while the first connection is under way (a second or more on a
 	// loaded machine): the waiters' heads poll (startingPoll).
@@ -55,7 +61,7 @@ type listener struct {
 
 func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger, back func()) *listener {
 	l := &listener{logger: logger, back: back, retry: make(chan struct{}, 1),
-		waiters: make(map[string][]*waiter), done: make(chan struct{})}
+		waiters: make(map[string][]*waiter), fair: make(map[string]chan struct{}), done: make(chan struct{})}
 	if marker, ok := store.(wantMarker); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
@@ -148,7 +154,7 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+releasedChannel); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+releasedChannel+"; LISTEN "+grantedChannel); err != nil {
 		closeConn(ctx, conn)
 		return nil, err
 	}
@@ -175,7 +181,11 @@ func (l *listener) receive(ctx context.Context, conn *pgx.Conn) error {
 		}
 		if n != nil {
 			l.mu.Lock()
-			l.released(n.Payload)
+			if n.Channel == grantedChannel {
+				signal(l.fair[n.Payload])
+			} else {
+				l.released(n.Payload)
+			}
 			l.mu.Unlock()
 		}
 	}

@@ -36,7 +36,7 @@ func acquireAsync(c *pglock.Client, key string) <-chan error {
 func listenerPID(pool *pgxpool.Pool) int32 {
 	var pid int32
 	_ = pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
-		WHERE datname = current_database() AND query = 'LISTEN pglock_released'`).Scan(&pid)
+		WHERE datname = current_database() AND query LIKE 'LISTEN pglock_released%'`).Scan(&pid)
 	return pid
 }
 

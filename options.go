@@ -33,7 +33,8 @@ const (
 // WithListenerConnString, RunHistory and TTL.
 type ClientOption interface{ clientOption() option }
 
-// AcquireOption configures Acquire and WithLock. The AcquireOptions are TTL and Wait.
+// AcquireOption configures Acquire and WithLock. The AcquireOptions are TTL, Wait and
+// Fair.
 type AcquireOption interface{ acquireOption() option }
 
 // JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping
@@ -77,6 +78,7 @@ type settings struct {
 	ttl                time.Duration
 	wait               time.Duration
 	waitSet            bool
+	fair               bool
 	logger             *slog.Logger
 	clock              Clock
 	instance           string

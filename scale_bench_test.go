@@ -335,7 +335,7 @@ func BenchmarkManyInstances(b *testing.B) {
 	require.Eventually(b, func() bool {
 		var n int
 		require.NoError(b, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN pglock_released'`).Scan(&n))
+			WHERE datname = current_database() AND query LIKE 'LISTEN pglock_released%'`).Scan(&n))
 		return n == listeners
 	}, 30*time.Second, 50*time.Millisecond, "listener connections")
 	require.NoError(b, held.Release(ctx))

@@ -85,6 +85,19 @@ type backend interface {
 	jobRuns(ctx context.Context, job string, limit int) ([]JobRun, error)
 	// jobStatuses returns every job with runs or skips (see Client.JobStatuses).
 	jobStatuses(ctx context.Context) ([]JobStatus, error)
+
+	// queueAcquire takes key for owner for ttl when it is free and no live fair
+	// waiter is queued on it (token > 0, ticket 0), or queues owner (ticket > 0, token
+	// 0). See Fair.
+	queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (token, ticket int64, err error)
+	// queuePoll polls a queued waiter: it claims the key granted to it, or takes the key
+	// when it is free and the waiter heads the live queue, and returns its token
+	// (queued false); else it records that the waiter is live and returns 0 with
+	// queued true. queued false with a 0 token: the ticket is not in the queue.
+	queuePoll(ctx context.Context, key string, ticket int64) (token int64, queued bool, err error)
+	// queueLeave takes the waiter out of the queue, passing on a grant it had not
+	// claimed, and reports whether it was queued.
+	queueLeave(ctx context.Context, key string, ticket int64) (bool, error)
 }
 
 // wantMarker is the PostgreSQL stores' capability of marking a key wanted by a waiter,
@@ -111,6 +124,17 @@ func (c *Client) backend(op, cannot string) (backend, error) {
 			op, unwatched(c.store), cannot, errors.ErrUnsupported)
 	}
 	return b, nil
+}
+
+// checkTicket checks a fair waiter's key and ticket, as checkCall does a lock's.
+func checkTicket(key string, ticket int64) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if ticket < 1 {
+		return invalidArg("ticket %d: want 1 or more", ticket)
+	}
+	return nil
 }
 
 // checkRenewMany checks the arguments of backend.renewMany, as checkCall does one

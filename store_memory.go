@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -16,7 +17,7 @@ func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
 		clock = realClock{}
 	}
-	return &memoryStore{clock: clock, locks: make(map[string]*memoryLock)}
+	return &memoryStore{clock: clock, locks: make(map[string]*memoryLock), waiters: make(map[string][]*memoryWaiter)}
 }
 
 type memoryStore struct {
@@ -25,6 +26,18 @@ type memoryStore struct {
 	seq     int64                  // the last token drawn; never below a pruned lock's token
 	locks   map[string]*memoryLock // kept after release, like the table's rows, until pruned
 	history memoryHistory          // job runs and skips (history.go)
+	// The fair queues, as pglock.waiters: by key, in the order of their tickets.
+	waiters map[string][]*memoryWaiter
+	tickets int64 // the last ticket drawn
+}
+
+// memoryWaiter is a fair waiter queued on a key (see Fair).
+type memoryWaiter struct {
+	ticket  int64
+	owner   string
+	ttl     time.Duration
+	seen    time.Time // the last poll
+	granted bool
 }
 
 type memoryLock struct {
@@ -52,8 +65,18 @@ func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Dur
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.live(key, "") != nil {
+	if s.queued(key, 0) {
 		return 0, false, nil
+	}
+	token := s.take(key, owner, ttl)
+	return token, token > 0, nil
+}
+
+// take takes key for owner for ttl when no live lock holds it, and returns its token,
+// or 0; s.mu is held.
+func (s *memoryStore) take(key, owner string, ttl time.Duration) int64 {
+	if s.live(key, "") != nil {
+		return 0
 	}
 	s.seq++
 	l := s.locks[key]
@@ -63,7 +86,118 @@ func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Dur
 	}
 	now := s.clock.Now()
 	l.owner, l.token, l.acquired, l.ttl, l.expires = owner, max(s.seq, l.token+1), now, ttl.Truncate(time.Millisecond), now.Add(ttl)
-	return l.token, true, nil
+	return l.token
+}
+
+// queued reports whether a live fair waiter that is not granted the key waits on key
+// with a ticket below before (any ticket when 0); s.mu is held.
+func (s *memoryStore) queued(key string, before int64) bool {
+	alive := s.clock.Now().Add(-queueBound)
+	for _, w := range s.waiters[key] {
+		if before != 0 && w.ticket >= before {
+			break
+		}
+		if !w.granted && w.seen.After(alive) {
+			return true
+		}
+	}
+	return false
+}
+
+// grant hands key, free, to the head of its live queue, for queueBound; s.mu is held.
+func (s *memoryStore) grant(key string) {
+	now := s.clock.Now()
+	for _, w := range s.waiters[key] {
+		if !w.granted && w.seen.After(now.Add(-queueBound)) {
+			s.seq++
+			l := s.locks[key]
+			l.owner, l.token, l.acquired, l.ttl, l.expires = w.owner, max(s.seq, l.token+1), now, w.ttl.Truncate(time.Millisecond), now.Add(queueBound)
+			w.granted, w.seen = true, now
+			return
+		}
+	}
+}
+
+// waiter returns key's waiter of ticket and its index, or nil; s.mu is held.
+func (s *memoryStore) waiter(key string, ticket int64) (*memoryWaiter, int) {
+	for i, w := range s.waiters[key] {
+		if w.ticket == ticket {
+			return w, i
+		}
+	}
+	return nil, -1
+}
+
+// dequeue deletes key's i-th waiter; s.mu is held.
+func (s *memoryStore) dequeue(key string, i int) {
+	q := slices.Delete(s.waiters[key], i, i+1)
+	if len(q) == 0 {
+		delete(s.waiters, key)
+		return
+	}
+	s.waiters[key] = q
+}
+
+func (s *memoryStore) queueAcquire(_ context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return 0, 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.queued(key, 0) {
+		if token := s.take(key, owner, ttl); token > 0 {
+			return token, 0, nil
+		}
+	}
+	now := s.clock.Now()
+	q := slices.DeleteFunc(s.waiters[key], func(w *memoryWaiter) bool { return w.seen.Before(now.Add(-time.Minute)) })
+	s.tickets++
+	s.waiters[key] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, seen: now})
+	return 0, s.tickets, nil
+}
+
+func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int64, bool, error) {
+	if err := checkTicket(key, ticket); err != nil {
+		return 0, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, i := s.waiter(key, ticket)
+	if w == nil {
+		return 0, false, nil
+	}
+	if w.granted {
+		if l := s.live(key, w.owner); l != nil { // the claim
+			l.expires = s.clock.Now().Add(w.ttl)
+			s.dequeue(key, i)
+			return l.token, false, nil
+		}
+	}
+	w.granted, w.seen = false, s.clock.Now()
+	if s.live(key, "") != nil || s.queued(key, ticket) {
+		return 0, true, nil
+	}
+	token := s.take(key, w.owner, w.ttl)
+	s.dequeue(key, i)
+	return token, false, nil
+}
+
+func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (bool, error) {
+	if err := checkTicket(key, ticket); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, i := s.waiter(key, ticket)
+	if w == nil {
+		return false, nil
+	}
+	s.dequeue(key, i)
+	if l := s.live(key, w.owner); w.granted && l != nil {
+		l.owner, l.expires = "", s.clock.Now()
+		s.grant(key)
+	}
+	return true, nil
 }
 
 func (s *memoryStore) Renew(_ context.Context, key, owner string, ttl time.Duration) (bool, error) {
@@ -111,6 +245,7 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 		return false, nil
 	}
 	l.owner, l.expires = "", s.clock.Now()
+	s.grant(key)
 	return true, nil
 }
 

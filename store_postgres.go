@@ -400,6 +400,42 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 
 func (s *postgresStore) pglockStore() {}
 
+func (s *postgresStore) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
+	if err := checkCall(key, owner, ttl); err != nil {
+		return 0, 0, err
+	}
+	var token, ticket sql.NullInt64
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket FROM pglock.queue_acquire($1, $2, $3, 0) q`,
+		key, owner, ttlMillis(ttl)).Scan(&token, &ticket); err != nil {
+		return 0, 0, storeError(err, "acquire %q in its queue", key)
+	}
+	return token.Int64, ticket.Int64, nil
+}
+
+func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int64, bool, error) {
+	if err := checkTicket(key, ticket); err != nil {
+		return 0, false, err
+	}
+	var token sql.NullInt64
+	var queued bool
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued FROM pglock.queue_poll($1, $2) q`,
+		key, ticket).Scan(&token, &queued); err != nil {
+		return 0, false, storeError(err, "poll the queue of %q", key)
+	}
+	return token.Int64, queued, nil
+}
+
+func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64) (bool, error) {
+	if err := checkTicket(key, ticket); err != nil {
+		return false, err
+	}
+	var left bool
+	if err := s.queryRow(ctx, `SELECT pglock.queue_leave($1, $2)`, key, ticket).Scan(&left); err != nil {
+		return false, storeError(err, "leave the queue of %q", key)
+	}
+	return left, nil
+}
+
 func (s *postgresStore) renewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
 	if err := checkRenewMany(keys, owners, ttl); err != nil {
 		return nil, err

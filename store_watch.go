@@ -330,6 +330,21 @@ func (w watchedBackend) jobStatuses(ctx context.Context) (_ []JobStatus, err err
 	return w.b.jobStatuses(ctx)
 }
 
+func (w watchedBackend) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (_, _ int64, err error) {
+	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
+	return w.b.queueAcquire(ctx, key, owner, ttl)
+}
+
+func (w watchedBackend) queuePoll(ctx context.Context, key string, ticket int64) (_ int64, _ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "queue poll", 0, false), &err)
+	return w.b.queuePoll(ctx, key, ticket)
+}
+
+func (w watchedBackend) queueLeave(ctx context.Context, key string, ticket int64) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "queue leave", 0, false), &err)
+	return w.b.queueLeave(ctx, key, ticket)
+}
+
 // watchedMarker is a watched backend that marks keys wanted: a PostgreSQL store's.
 type watchedMarker struct {
 	watchedBackend

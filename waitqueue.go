@@ -173,6 +173,11 @@ func (l *listener) subscribe(w *waiter) {
 		}
 		l.waiters[w.key] = append(l.waiters[w.key], w)
 	}
+	l.start()
+}
+
+// start starts the listener's connection if it has none. Called with mu held.
+func (l *listener) start() {
 	if l.config != nil && l.cancel == nil && !l.closed {
 		var ctx context.Context
 		ctx, l.cancel = context.WithCancel(context.Background())
@@ -181,12 +186,15 @@ func (l *listener) subscribe(w *waiter) {
 	}
 }
 
-// wakeAll signals every waiter. Called with mu held.
+// wakeAll signals every waiter, fair ones too. Called with mu held.
 func (l *listener) wakeAll() {
 	for _, queue := range l.waiters {
 		for _, w := range queue {
 			wake(w)
 		}
+	}
+	for _, ch := range l.fair {
+		signal(ch)
 	}
 }
 
@@ -204,8 +212,13 @@ func (l *listener) released(key string) {
 // wake signals w, unless it is woken already, and has it mark the key again.
 func wake(w *waiter) {
 	w.wakes.Add(1)
+	signal(w.ch)
+}
+
+// signal wakes the waiter of ch, unless it is woken already. A nil ch is no one.
+func signal(ch chan struct{}) {
 	select {
-	case w.ch <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }

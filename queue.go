@@ -1,0 +1,194 @@
+package pglock
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The fair queue (Fair): waiters served in the order they arrived, across every client
+// of the database. The order and the handovers are kept by the database
+// (migrations/000014_queue.up.sql): a fair waiter that finds its key held is queued
+// with a ticket, a release hands the key to the live waiter with the smallest ticket in
+// the same call (a grant, for queueBound), and that waiter claims it with its next
+// poll. A waiter is live while its client polls for it: every queueHeartbeat, and at
+// once when the listener hears that its key was granted to it (grantedChannel).
+
+// queueBound is Q, how long a fair waiter stays live after its last poll and how long
+// a grant waits for its claim: the database's "interval '1 second'" in 000014.
+const queueBound = time.Second
+
+// queueHeartbeat is how often a fair waiter polls when nothing wakes it: Q/4, so that
+// three lost or late polls in a row do not yet make it look dead.
+const queueHeartbeat = queueBound / 4
+
+// Fair makes Acquire and WithLock wait in the key's queue, shared by every client of
+// the database: the waiter that arrived first, on any instance, is served first, and a
+// release hands the key straight to it in the same statement (one acquisition
+// statement per handover, not a race). It is an AcquireOption.
+//
+// The bound: a fair waiter that dies, is paused or gives up without leaving stalls the
+// queue for at most about Q + Q/4, Q = 1 s on the database clock: it is skipped once Q
+// has passed since its last poll (a live waiter polls every Q/4), and a key granted to
+// it that it does not claim within Q goes to the next live waiter at that waiter's next
+// poll. A waiter paused longer than Q keeps its place and is served when it polls again
+// (not polled for a minute, it queues again at the back). A waiter whose ctx ends, whose
+// Wait passes or whose Client closes leaves the queue, passing on a grant it had.
+//
+// What it costs: a row per waiter and a poll (an unflushed write) every Q/4 per waiter,
+// and, for the waiter served, one round trip more than a plain acquisition (the claim).
+// So it is a choice, not the default: jobs and elections never wait, and callers that
+// do not ask for it keep today's behaviour.
+//
+// While a live fair waiter is queued on a key, the key is the queue's: TryAcquire, and
+// Acquire without Fair, fail even when the key is free at that moment (a grant not
+// claimed yet, a holder that just expired), since an attempt from outside the queue
+// that could take a free key would starve the waiters queued for it. Fair waiters need
+// the listener (New's default) to be woken when the key is theirs; without one, they
+// find out at their next poll, Q/4 later at most. A Store that embeds another has no
+// queue: Acquire with Fair returns an error wrapping errors.ErrUnsupported.
+func Fair() AcquireOption {
+	return acquireOpt{name: "Fair", apply: func(s *settings) error {
+		s.fair = true
+		return nil
+	}}
+}
+
+// acquireFair is Acquire with Fair, called at start, once its options are applied.
+func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start time.Time) (*Lock, error) {
+	b, err := c.backend("Acquire with Fair", "has no fair queue")
+	if err != nil {
+		return nil, err
+	}
+	var deadline time.Time
+	if lc.waitSet {
+		deadline = start.Add(lc.wait)
+	}
+	q := &fairWaiter{c: c, b: b, key: key, owner: c.newOwner(), ttl: lc.ttl}
+	wake := c.listener.fairWait(q.owner)
+	defer c.listener.fairDone(q.owner)
+	var failingSince time.Time // of the failed polls in a row, on the real clock
+	for {
+		if c.isClosed() {
+			q.leave()
+			return nil, ErrClosed
+		}
+		if ctx.Err() != nil {
+			q.leave()
+			return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
+		}
+		sentAt := c.clock.Now()
+		token, err := q.step(ctx)
+		switch {
+		case err == nil && token > 0:
+			return c.newLock(key, q.owner, lc.ttl, token, start, sentAt)
+		case err == nil:
+			failingSince = time.Time{}
+			if q.ticket == 0 {
+				continue // no longer queued (lost in a crash, or a minute without a poll): queue again
+			}
+		case ctx.Err() != nil:
+			q.leave()
+			return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
+		case q.ticket == 0 || !outage(err) || !failingSince.IsZero() && time.Since(failingSince) >= lc.ttl:
+			// Not queued, or not an outage that a queued waiter rides out, as Acquire's
+			// parked waiters do.
+			q.leave()
+			return nil, err
+		case failingSince.IsZero():
+			failingSince = time.Now()
+		}
+		c.listener.fairQueued()
+		pause := queueHeartbeat
+		if lc.waitSet {
+			left := deadline.Sub(c.clock.Now())
+			if left <= 0 {
+				q.leave()
+				return nil, fmt.Errorf("%w: key %q is held, and others wait before this caller", ErrNotAcquired, key)
+			}
+			pause = min(pause, left)
+		}
+		if err := c.sleepOrWake(ctx, pause, wake); err != nil {
+			q.leave()
+			return nil, fmt.Errorf("%w: key %q is held: %w", ErrNotAcquired, key, err)
+		}
+	}
+}
+
+// fairWaiter is one fair Acquire's place in the queue of its key.
+type fairWaiter struct {
+	c      *Client
+	b      backend
+	key    string
+	owner  string
+	ttl    time.Duration
+	ticket int64 // 0 while not queued
+	unsure bool  // the last queue_acquire failed after it may have reached the server
+}
+
+// step queues the waiter when it is not queued (and takes the key at once when it is
+// free and no one waits), else polls: it returns the token of a key taken or claimed,
+// 0 while waiting.
+func (q *fairWaiter) step(ctx context.Context) (int64, error) {
+	if q.ticket == 0 {
+		token, ticket, err := q.b.queueAcquire(ctx, q.key, q.owner, q.ttl)
+		q.unsure = err != nil && mayHaveReached(err)
+		q.ticket = ticket
+		return token, err
+	}
+	token, queued, err := q.b.queuePoll(ctx, q.key, q.ticket)
+	if err == nil && !queued {
+		q.ticket = 0
+	}
+	return token, err
+}
+
+// leave takes the waiter out of the queue on a detached context, passing on a grant it
+// had; Close waits for it. A poll or a queue_acquire whose reply was lost may have
+// given it the key: that is handed back (undoAcquire).
+func (q *fairWaiter) leave() {
+	if q.ticket == 0 {
+		if q.unsure {
+			q.c.undoAcquire(q.key, q.owner, q.ttl)
+		}
+		return
+	}
+	if h := q.c.handBacks; h.await() {
+		defer h.awaiting.Done()
+	}
+	ctx, cancel := detached(context.Background())
+	defer cancel()
+	left, err := q.b.queueLeave(ctx, q.key, q.ticket)
+	q.ticket = 0
+	if err != nil || !left {
+		q.c.undoAcquire(q.key, q.owner, q.ttl)
+	}
+}
+
+// fairWait registers the fair waiter of owner and returns the channel the grant of its
+// key, and Close, signal.
+func (l *listener) fairWait(owner string) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		ch <- struct{}{}
+		return ch
+	}
+	l.fair[owner] = ch
+	return ch
+}
+
+// fairQueued starts the listener's connection, for a fair waiter that is queued.
+func (l *listener) fairQueued() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.start()
+}
+
+// fairDone unregisters the fair waiter of owner.
+func (l *listener) fairDone(owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.fair, owner)
+}

@@ -1,0 +1,307 @@
+package pglock_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglocktest"
+)
+
+// queued returns how many fair waiters are queued on key.
+func queued(t testing.TB, pool *pgxpool.Pool, key string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM pglock.waiters WHERE key = $1", key).Scan(&n))
+	return n
+}
+
+// awaitQueued waits until n fair waiters are queued on key.
+func awaitQueued(t testing.TB, pool *pgxpool.Pool, key string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return queued(t, pool, key) == n }, 10*time.Second, 2*time.Millisecond,
+		"%d waiters queued on %q", n, key)
+}
+
+// fairAcquire starts a fair Acquire of key on c and returns its result's channel.
+func fairAcquire(ctx context.Context, c *pglock.Client, key string, opts ...pglock.AcquireOption) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		l, err := c.Acquire(ctx, key, append([]pglock.AcquireOption{pglock.Fair()}, opts...)...)
+		ch <- acquired{l, err, time.Now()}
+	}()
+	return ch
+}
+
+type acquired struct {
+	l   *pglock.Lock
+	err error
+	at  time.Time
+}
+
+// TestFairServesWaitersInTheOrderTheyArrivedAcrossClients: 12 waiters over 4 clients
+// queue one after another (each confirmed queued before the next calls), round robin
+// over the clients; the holder releases; each holds the key a moment and releases. The
+// order of the acquisitions must be the order of arrival (without Fair, whichever
+// client's attempt lands first wins, and this fails).
+func TestFairServesWaitersInTheOrderTheyArrivedAcrossClients(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	const key, clients, waiters = "fair/order", 4, 12
+	cs := make([]*pglock.Client, clients)
+	for i := range cs {
+		cs[i] = newPoolClient(t, pool)
+	}
+	holder, err := cs[0].TryAcquire(ctx, key)
+	require.NoError(t, err)
+	var (
+		mu    sync.Mutex
+		order []int
+		wg    sync.WaitGroup
+	)
+	for i := range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := cs[i%clients].Acquire(ctx, key, pglock.Fair())
+			if !assert.NoError(t, err) {
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(5 * time.Millisecond) // the work under the lock
+			assert.NoError(t, l.Release(ctx))
+		}()
+		awaitQueued(t, pool, key, i+1)
+	}
+	require.NoError(t, holder.Release(ctx))
+	wg.Wait()
+	want := make([]int, waiters)
+	for i := range want {
+		want[i] = i
+	}
+	require.Equal(t, want, order, "the order of the acquisitions")
+	require.Zero(t, queued(t, pool, key))
+}
+
+// TestFairSkipsADeadOrPausedWaiterWithinTheBound: the head of the queue stops polling
+// (its client's link goes silent, or its clock stops and it has no listener), and the
+// holder releases at once, so that the key is granted to it. The next waiter, on
+// another client, must have the key within the bound Fair documents (Q + Q/4 = 1.25 s,
+// plus the time a claim takes on a loaded machine).
+func TestFairSkipsADeadOrPausedWaiterWithinTheBound(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"dead", "paused"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			url := pglocktest.PostgresURL(t)
+			pool := pglocktest.Pool(t, url, 8)
+			key := "fair/skip/" + how
+			next := newPoolClient(t, pool)
+			holder, err := next.TryAcquire(ctx, key)
+			require.NoError(t, err)
+
+			var stuck *pglock.Client
+			var cut func()
+			switch how {
+			case "dead":
+				proxied, proxy := proxiedPool(t, url, 2)
+				stuck = newPoolClient(t, proxied)
+				cut = proxy.Blackhole
+				t.Cleanup(proxy.Restore) // before the client's Close
+			case "paused":
+				clock := pglocktest.NewManualClock(time.Now())
+				stuck = newClient(t, pglock.NewPostgresStore(pool), pglock.WithClock(clock), quiet)
+				cut = func() {} // its clock never moves: it never polls after its first call
+			}
+			stuckCtx, stopStuck := context.WithCancel(ctx)
+			defer stopStuck()
+			stuckDone := fairAcquire(stuckCtx, stuck, key)
+			awaitQueued(t, pool, key, 1)
+			nextDone := fairAcquire(ctx, next, key)
+			awaitQueued(t, pool, key, 2)
+			cut()
+			released := time.Now()
+			require.NoError(t, holder.Release(ctx)) // granted to the stuck waiter, still live
+			got := receive(t, nextDone)
+			require.NoError(t, got.err)
+			stall := got.at.Sub(released)
+			t.Logf("%s head skipped after %v", how, stall.Round(time.Millisecond))
+			require.Less(t, stall, 1250*time.Millisecond+750*time.Millisecond, "the queue stalled past the bound")
+			require.GreaterOrEqual(t, stall, 900*time.Millisecond, "the stuck waiter's grant lapsed before Q")
+			require.NoError(t, got.l.Release(ctx))
+			stopStuck()
+			if how == "dead" {
+				t.Cleanup(func() { <-stuckDone })
+			} else {
+				require.ErrorIs(t, receive(t, stuckDone).err, context.Canceled)
+			}
+		})
+	}
+}
+
+// TestFairWaiterThatGivesUpLeavesTheQueue: a fair waiter whose ctx ends, or whose Wait
+// passes, leaves the queue at once: its row is gone, and the next release goes to the
+// waiter behind it with no stall.
+func TestFairWaiterThatGivesUpLeavesTheQueue(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	const key = "fair/give-up"
+	a, b, c := newPoolClient(t, pool), newPoolClient(t, pool), newPoolClient(t, pool)
+	holder, err := a.TryAcquire(ctx, key)
+	require.NoError(t, err)
+
+	gaveUpCtx, giveUp := context.WithCancelCause(ctx)
+	gaveUp := fairAcquire(gaveUpCtx, b, key)
+	awaitQueued(t, pool, key, 1)
+	waited := fairAcquire(ctx, b, key, pglock.Wait(300*time.Millisecond))
+	awaitQueued(t, pool, key, 2)
+	next := fairAcquire(ctx, c, key)
+	awaitQueued(t, pool, key, 3)
+
+	giveUp(os.ErrDeadlineExceeded)
+	got := receive(t, gaveUp)
+	require.ErrorIs(t, got.err, pglock.ErrNotAcquired)
+	require.ErrorIs(t, got.err, os.ErrDeadlineExceeded)
+	got = receive(t, waited)
+	require.ErrorIs(t, got.err, pglock.ErrNotAcquired)
+	awaitQueued(t, pool, key, 1)
+
+	released := time.Now()
+	require.NoError(t, holder.Release(ctx))
+	got = receive(t, next)
+	require.NoError(t, got.err)
+	require.Less(t, got.at.Sub(released), 500*time.Millisecond, "the release went to a waiter that had left")
+	require.NoError(t, got.l.Release(ctx))
+}
+
+// TestFairWaiterLeavesAtClose: Close ends a fair wait with ErrClosed, and the waiter
+// leaves the queue.
+func TestFairWaiterLeavesAtClose(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	const key = "fair/close"
+	a := newPoolClient(t, pool)
+	_, err := a.TryAcquire(ctx, key)
+	require.NoError(t, err)
+	b, err := pglock.New(pool, quiet)
+	require.NoError(t, err)
+	done := fairAcquire(ctx, b, key)
+	awaitQueued(t, pool, key, 1)
+	require.NoError(t, b.Close(ctx))
+	require.ErrorIs(t, receive(t, done).err, pglock.ErrClosed)
+	require.Zero(t, queued(t, pool, key), "the closed client's waiter left the queue")
+}
+
+// TestTryAcquireFailsWhileAFairWaiterIsQueued: a key whose holder expired is free, but a
+// live fair waiter is queued for it (it takes it at its next poll): TryAcquire, and
+// Acquire with Wait(0), must not barge past it.
+func TestTryAcquireFailsWhileAFairWaiterIsQueued(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	const key = "fair/try"
+	var ticket int64
+	_, err := pool.Exec(ctx, "SELECT pglock.lock_acquire($1, 'holder', 200)", key)
+	require.NoError(t, err)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire($1, 'waiter', 60000, 0)", key).Scan(&ticket))
+	require.Positive(t, ticket)
+	awaitExpiry(t, pool, key)
+	c := newPoolClient(t, pool)
+	_, err = c.TryAcquire(ctx, key)
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "TryAcquire barged past a queued waiter")
+	_, err = c.Acquire(ctx, key, pglock.Wait(0))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "Acquire barged past a queued waiter")
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token FROM pglock.queue_poll($1, $2)", key, ticket).Scan(&token))
+	require.Positive(t, token, "the queued waiter takes the free key at its poll")
+}
+
+// TestFairAndUnfairWaitersNeverBothHoldTheKey: fair and plain waiters on 4 clients take
+// one key in turn; never two inside at once, and every waiter gets its turns.
+func TestFairAndUnfairWaitersNeverBothHoldTheKey(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	const key, rounds = "fair/mixed", 6
+	var inside, done atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 4 {
+		c := newPoolClient(t, pool)
+		for j := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var opts []pglock.AcquireOption
+				if (i+j)%2 == 0 {
+					opts = append(opts, pglock.Fair())
+				}
+				for range rounds {
+					l, err := c.Acquire(ctx, key, opts...)
+					if !assert.NoError(t, err) {
+						return
+					}
+					assert.Equal(t, int32(1), inside.Add(1), "two holders at once")
+					time.Sleep(time.Millisecond)
+					inside.Add(-1)
+					assert.NoError(t, l.Release(ctx))
+					done.Add(1)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	require.Equal(t, int32(4*3*rounds), done.Load())
+}
+
+// TestQueueFunctionsRefuseBadInput: the queue's SQL functions refuse what the Go API
+// never sends (22023), and change nothing.
+func TestQueueFunctionsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	long := strings.Repeat("k", 501)
+	for _, tc := range []struct{ name, sql string }{
+		{"acquire: empty key", `SELECT * FROM pglock.queue_acquire('', 'o', 1000, 0)`},
+		{"acquire: key too long", `SELECT * FROM pglock.queue_acquire('` + long + `', 'o', 1000, 0)`},
+		{"acquire: empty owner", `SELECT * FROM pglock.queue_acquire('k', '', 1000, 0)`},
+		{"acquire: ttl 0", `SELECT * FROM pglock.queue_acquire('k', 'o', 0, 0)`},
+		{"acquire: ttl past a year", `SELECT * FROM pglock.queue_acquire('k', 'o', 31536000001, 0)`},
+		{"acquire: permits", `SELECT * FROM pglock.queue_acquire('k', 'o', 1000, 2)`},
+		{"poll: ticket 0", `SELECT * FROM pglock.queue_poll('k', 0)`},
+		{"poll: empty key", `SELECT * FROM pglock.queue_poll('', 1)`},
+		{"leave: ticket -1", `SELECT pglock.queue_leave('k', -1)`},
+		{"leave: key too long", `SELECT pglock.queue_leave('` + long + `', 1)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := pool.Exec(ctx, tc.sql)
+			var pgErr *pgconn.PgError
+			require.ErrorAs(t, err, &pgErr)
+			require.Equal(t, "22023", pgErr.Code)
+		})
+	}
+	require.Zero(t, queued(t, pool, "k"))
+	require.Empty(t, lockKeys(t, pool))
+}
+
