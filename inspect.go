@@ -24,6 +24,16 @@ type LockInfo struct {
 	Token int64
 	// Held says a live holder has the key now: not released, not expired.
 	Held bool
+	// AcquiredAt is when the last acquisition (the one that drew Token) happened, on
+	// the store's clock: how long the holder has held the key, while Held. Renewals do
+	// not move it. Zero when unknown: a row last acquired before migration 15, and
+	// from ForceRelease and Election.Leader.
+	AcquiredAt time.Time
+	// TTL is the lease's ttl as that acquisition set it (renewals keep it): a live
+	// lease with under a third of it left missed its renewals. With PostgreSQL it is
+	// the new expiry less the clock a trigger read just after the acquisition, so a
+	// few milliseconds short. Zero when AcquiredAt is.
+	TTL time.Duration
 	// ExpiresAt is when the lease ends (or ended: its expiry or its release), on the
 	// store's clock.
 	ExpiresAt time.Time
@@ -33,7 +43,7 @@ type LockInfo struct {
 	// Waiting says a waiter has marked the held key wanted, so that its release
 	// notifies (PostgreSQL store: the row's wanted_at). The mark stays until the next
 	// release, so it may outlive a waiter that gave up. Always false when not Held,
-	// on the memory store, and from Election.Leader.
+	// on the memory store, and from ForceRelease and Election.Leader.
 	Waiting bool
 }
 

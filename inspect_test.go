@@ -52,7 +52,7 @@ func lockStates(t *testing.T, c *pglock.Client, prefix string) []pglock.LockInfo
 	locks, err := c.Locks(t.Context(), prefix)
 	require.NoError(t, err)
 	for i := range locks {
-		locks[i].ExpiresAt, locks[i].ExpiresIn = time.Time{}, 0
+		locks[i].ExpiresAt, locks[i].ExpiresIn, locks[i].AcquiredAt, locks[i].TTL = time.Time{}, 0, time.Time{}, 0
 	}
 	return locks
 }
@@ -105,7 +105,7 @@ func TestLocksListsHeldReleasedAndExpiredLocksByKey(t *testing.T) {
 			require.LessOrEqual(t, h.ExpiresIn, time.Minute)
 
 			r := byKey[p+"a-released"]
-			require.Equal(t, pglock.LockInfo{Key: p + "a-released", Token: released.Token(), ExpiresAt: r.ExpiresAt, ExpiresIn: r.ExpiresIn}, r,
+			require.Equal(t, pglock.LockInfo{Key: p + "a-released", Token: released.Token(), AcquiredAt: r.AcquiredAt, TTL: r.TTL, ExpiresAt: r.ExpiresAt, ExpiresIn: r.ExpiresIn}, r,
 				"released: no owner, not held, the token kept")
 			require.LessOrEqual(t, r.ExpiresIn, time.Duration(0))
 
@@ -134,6 +134,55 @@ func TestLocksListsHeldReleasedAndExpiredLocksByKey(t *testing.T) {
 			all, err := c.Locks(ctx, "")
 			require.NoError(t, err)
 			require.Len(t, all, 8, `"" lists every lock`)
+		})
+	}
+}
+
+func TestLocksSaysSinceWhenAndForWhatTTLAKeyIsHeld(t *testing.T) {
+	t.Parallel()
+	for _, s := range inspectStores() {
+		t.Run(s.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			store, opts := s.open(t)
+			c := newClient(t, store, append(opts, quiet, pglock.WithoutListener())...)
+			key := t.Name()
+			one := func() pglock.LockInfo {
+				t.Helper()
+				locks, err := c.Locks(ctx, key)
+				require.NoError(t, err)
+				require.Len(t, locks, 1)
+				return locks[0]
+			}
+
+			_, ok, err := store.Acquire(ctx, key, "a/1", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			first := one()
+			require.False(t, first.AcquiredAt.IsZero())
+			require.InDelta(t, time.Minute, first.ExpiresAt.Sub(first.AcquiredAt), float64(time.Second), "on the store's clock")
+			require.InDelta(t, time.Minute, first.TTL, float64(time.Second), "the trigger reads the clock after the acquisition")
+
+			s.expire(t, 10*time.Millisecond)
+			ok, err = store.Renew(ctx, key, "a/1", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			renewed := one()
+			require.True(t, renewed.ExpiresAt.After(first.ExpiresAt))
+			require.True(t, renewed.AcquiredAt.Equal(first.AcquiredAt), "a renewal does not move it")
+			require.Equal(t, first.TTL, renewed.TTL)
+
+			_, err = c.ForceRelease(ctx, key)
+			require.NoError(t, err)
+			require.True(t, one().AcquiredAt.Equal(first.AcquiredAt), "nor does a release")
+
+			s.expire(t, 10*time.Millisecond)
+			_, ok, err = store.Acquire(ctx, key, "b/1", 2*time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+			next := one()
+			require.True(t, next.AcquiredAt.After(first.AcquiredAt), "the next acquisition does")
+			require.InDelta(t, 2*time.Minute, next.TTL, float64(time.Second))
 		})
 	}
 }

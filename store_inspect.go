@@ -60,13 +60,16 @@ func scanEach(rows interface {
 
 func (s *postgresStore) listLocks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	out := []LockInfo{}
-	err := s.queryRows(ctx, `SELECT key, coalesce(owner, ''), fencing_token, expires_at, held, wanted, read_at FROM pglock.lock_list($1)`,
+	err := s.queryRows(ctx, `SELECT key, coalesce(owner, ''), fencing_token, expires_at, held, wanted, read_at, acquired_at, ttl_ms FROM pglock.lock_list($1)`,
 		[]any{prefix}, func(r scanner) error {
 			var l LockInfo
 			var readAt time.Time
-			if err := r.Scan(&l.Key, &l.Owner, &l.Token, &l.ExpiresAt, &l.Held, &l.Waiting, &readAt); err != nil {
+			var acquiredAt sql.NullTime
+			var ttlMS sql.NullInt64
+			if err := r.Scan(&l.Key, &l.Owner, &l.Token, &l.ExpiresAt, &l.Held, &l.Waiting, &readAt, &acquiredAt, &ttlMS); err != nil {
 				return err
 			}
+			l.AcquiredAt, l.TTL = acquiredAt.Time, time.Duration(ttlMS.Int64)*time.Millisecond
 			l.Instance = instanceOf(l.Owner)
 			l.ExpiresIn = expiresIn(l.ExpiresAt, readAt, l.Held)
 			out = append(out, l)
@@ -120,7 +123,9 @@ func (s *memoryStore) listLocks(_ context.Context, prefix string) ([]LockInfo, e
 	out := []LockInfo{}
 	for key, l := range s.locks {
 		if strings.HasPrefix(key, prefix) {
-			out = append(out, s.info(key, l, now))
+			info := s.info(key, l, now)
+			info.AcquiredAt, info.TTL = l.acquired, l.ttl // lock_list's alone, as with PostgreSQL
+			out = append(out, info)
 		}
 	}
 	sortLocks(out)

@@ -28,9 +28,11 @@ type memoryStore struct {
 }
 
 type memoryLock struct {
-	owner   string // "" once released
-	token   int64
-	expires time.Time // the end of the lease: its expiry, or its release
+	owner    string // "" once released
+	token    int64
+	acquired time.Time     // when token was drawn
+	ttl      time.Duration // the ttl it was drawn for
+	expires  time.Time     // the end of the lease: its expiry, or its release
 }
 
 func (s *memoryStore) pglockStore() {}
@@ -59,7 +61,8 @@ func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Dur
 		l = &memoryLock{}
 		s.locks[key] = l
 	}
-	l.owner, l.token, l.expires = owner, max(s.seq, l.token+1), s.clock.Now().Add(ttl)
+	now := s.clock.Now()
+	l.owner, l.token, l.acquired, l.ttl, l.expires = owner, max(s.seq, l.token+1), now, ttl.Truncate(time.Millisecond), now.Add(ttl)
 	return l.token, true, nil
 }
 

@@ -13,7 +13,10 @@
 -- starts_with treats % and _ as the characters they are. It reads only and takes no
 -- row lock: it waits for nothing. Each call reads every row of the table (the key's
 -- index is in the database's collation, which a prefix cannot use in general).
-CREATE OR REPLACE FUNCTION pglock.lock_list(prefix text)
+-- Dropped first: 000015 adds a result column, which CREATE OR REPLACE cannot take
+-- away when sql/pglock.sql runs again (the grants below are given back).
+DROP FUNCTION IF EXISTS pglock.lock_list(text);
+CREATE FUNCTION pglock.lock_list(prefix text)
 RETURNS TABLE (key text, owner text, fencing_token bigint, expires_at timestamptz,
                held boolean, wanted boolean, read_at timestamptz)
 LANGUAGE sql VOLATILE STRICT

@@ -1,0 +1,200 @@
+package pglockui
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/pgfence/pglock"
+)
+
+//go:embed assets
+var assets embed.FS
+
+// Option configures New.
+type Option func(*console) error
+
+// WithAuthorize enables the actions, force-release and prune: a POST is carried out
+// only when authorize returns true for it (403 otherwise). Without it both are off
+// and their buttons are not shown. authorize is called on the request's goroutine and
+// must be safe for concurrent use. A nil authorize makes New return an error wrapping
+// pglock.ErrInvalidArgument.
+func WithAuthorize(authorize func(r *http.Request) bool) Option {
+	return func(c *console) error {
+		if authorize == nil {
+			return fmt.Errorf("%w: pglockui: WithAuthorize: nil func", pglock.ErrInvalidArgument)
+		}
+		c.authorize = authorize
+		return nil
+	}
+}
+
+// WithLogger sets the logger for the actions (at Info: key, owner, token) and for
+// store errors (at Warn, with err). nil means slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *console) error {
+		c.logger = l
+		return nil
+	}
+}
+
+// elections is what the console asks of a client that lists its elections.
+type elections interface {
+	Elections(ctx context.Context) ([]pglock.LockInfo, error)
+}
+
+// queryTimeout bounds the store calls of one page, so that a database that hangs shows
+// as the error banner within a poll or two rather than as a page that never loads.
+const queryTimeout = 3 * time.Second
+
+type console struct {
+	client    *pglock.Client
+	authorize func(r *http.Request) bool
+	logger    *slog.Logger
+	pages     map[string]*template.Template
+}
+
+// New returns the console for client, an http.Handler serving the pages listed in the
+// package doc at its root. Mount it under any prefix with http.StripPrefix. It is
+// safe for concurrent use; each request makes its store calls bounded by the
+// request's context and a few seconds. A nil client, or an invalid option, is an
+// error wrapping pglock.ErrInvalidArgument.
+func New(client *pglock.Client, opts ...Option) (http.Handler, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: pglockui: New: nil *pglock.Client: the console needs one to read the locks", pglock.ErrInvalidArgument)
+	}
+	c := &console{client: client}
+	for _, o := range opts {
+		if o == nil {
+			return nil, fmt.Errorf("%w: pglockui: New: nil Option", pglock.ErrInvalidArgument)
+		}
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	pages, err := parsePages()
+	if err != nil {
+		return nil, err
+	}
+	c.pages = pages
+
+	static, err := fs.Sub(assets, "assets/static")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", c.locks)
+	mux.HandleFunc("GET /locks", c.locks)
+	mux.HandleFunc("GET /jobs", c.jobs)
+	mux.HandleFunc("GET /jobs/{key...}", c.job)
+	mux.HandleFunc("GET /elections", c.elections)
+	mux.Handle("GET /static/", http.StripPrefix("/static/", staticHandler(static)))
+	mux.HandleFunc("POST /locks/release", c.action(c.release))
+	mux.HandleFunc("POST /prune", c.action(c.prune))
+	mux.HandleFunc("/", c.notFound)
+	return http.NewCrossOriginProtection().Handler(c.root(mux)), nil
+}
+
+// root redirects the mount point without its slash ("/admin/pglock", which
+// StripPrefix turns into "") to the same with a slash, so that the pages' relative
+// URLs resolve under it.
+func (c *console) root(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "" {
+			base := path.Base(strings.SplitN(r.RequestURI, "?", 2)[0])
+			if base == "/" || base == "." {
+				base = ""
+			}
+			// Not http.Redirect, which would resolve it against the stripped path.
+			w.Header().Set("Location", base+"/")
+			w.WriteHeader(http.StatusMovedPermanently)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func staticHandler(static fs.FS) http.Handler {
+	files := http.FileServerFS(static)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-cache")
+		files.ServeHTTP(w, r)
+	})
+}
+
+func (c *console) notFound(w http.ResponseWriter, r *http.Request) {
+	c.fail(w, r, http.StatusNotFound, "no page at "+r.URL.Path)
+}
+
+// action wraps a POST handler: 403 unless the actions are enabled and authorize
+// passes.
+func (c *console) action(h func(w http.ResponseWriter, r *http.Request)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if c.authorize == nil {
+			http.Error(w, "actions are disabled: the console was mounted without pglockui.WithAuthorize", http.StatusForbidden)
+			return
+		}
+		if !c.authorize(r) {
+			http.Error(w, "not authorized", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (c *console) release(w http.ResponseWriter, r *http.Request) {
+	key := r.PostFormValue("key")
+	if p := r.PostFormValue("permit"); p != "" && p != "0" {
+		http.Error(w, "permit "+p+": this version of pglock has no permits", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	info, err := c.client.ForceRelease(ctx, key)
+	switch {
+	case errors.Is(err, pglock.ErrInvalidKey):
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	case errors.Is(err, pglock.ErrNotHeld):
+		http.Error(w, err.Error(), http.StatusConflict)
+	case err != nil:
+		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "pglockui: force release failed", slog.String("key", key), slog.Any("err", err))
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+	default:
+		c.logger.LogAttrs(r.Context(), slog.LevelInfo, "pglockui: force-released", slog.String("key", key),
+			slog.String("owner", info.Owner), slog.Int64("token", info.Token))
+		fmt.Fprintf(w, "force-released %q: it was held by %s with token %d, its lease had %s left\n",
+			key, info.Owner, info.Token, info.ExpiresIn.Round(time.Millisecond))
+	}
+}
+
+func (c *console) prune(w http.ResponseWriter, r *http.Request) {
+	olderThan, err := time.ParseDuration(r.PostFormValue("older_than"))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("older_than %q: want a Go duration such as 1h or 30m", r.PostFormValue("older_than")), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
+	defer cancel()
+	n, err := c.client.Prune(ctx, olderThan)
+	switch {
+	case errors.Is(err, pglock.ErrInvalidArgument):
+		http.Error(w, err.Error(), http.StatusBadRequest)
+	case err != nil:
+		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "pglockui: prune failed", slog.Any("err", err))
+		http.Error(w, fmt.Sprintf("pruned %d locks, then: %v", n, err), http.StatusServiceUnavailable)
+	default:
+		c.logger.LogAttrs(r.Context(), slog.LevelInfo, "pglockui: pruned", slog.Int64("count", n), slog.Duration("ttl", olderThan))
+		fmt.Fprintf(w, "pruned %d locks whose lease ended more than %s ago\n", n, olderThan)
+	}
+}
