@@ -219,11 +219,11 @@ func TestBrowserUserDataShowsAsText(t *testing.T) {
 	t.Parallel()
 	pool := newDatabase(t)
 	const (
-		scriptKey  = `<script>alert(1)</script>`
-		attrKey    = `orders:"><img src=x onerror=alert(2)>`
-		instance   = `web<img src=x onerror=alert(3)>`
-		job        = `report:<svg onload=alert(4)>`
-		errText    = `<img src=x onerror=alert(5)> & </td></tr></table><b>bold</b>`
+		scriptKey    = `<script>alert(1)</script>`
+		attrKey      = `orders:"><img src=x onerror=alert(2)>`
+		instance     = `web<img src=x onerror=alert(3)>`
+		job          = `report:<svg onload=alert(4)>`
+		errText      = `<img src=x onerror=alert(5)> & </td></tr></table><b>bold</b>`
 		userElements = `#live script, #live img, #live b, #live svg svg, #live iframe, #confirm img, #confirm script`
 	)
 	console := newClient(t, pool, "web-1")
