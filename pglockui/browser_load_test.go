@@ -42,7 +42,7 @@ func TestBrowserLocksPageLoad10000(t *testing.T) {
 
 	median := func(f func()) time.Duration {
 		var ds []time.Duration
-		for range 5 {
+		for range 3 {
 			start := time.Now()
 			f()
 			ds = append(ds, time.Since(start))
@@ -110,7 +110,7 @@ func TestBrowserLocksPageLoad10000(t *testing.T) {
 		return time.Duration(f * float64(time.Millisecond)).Round(100 * time.Microsecond)
 	}
 	load := ms(m.LoadEventEnd)
-	t.Logf("%d locks: Client.Locks %v (median of 5); GET of the page from Go %v, %d bytes", n, locks.Round(100*time.Microsecond), get.Round(100*time.Microsecond), size)
+	t.Logf("%d locks: Client.Locks %v (median of 3); GET of the page from Go %v, %d bytes", n, locks.Round(100*time.Microsecond), get.Round(100*time.Microsecond), size)
 	t.Logf("browser load (navigation start to load event end, median of 3) %v = %.1f x Client.Locks", load, float64(load)/float64(locks))
 	t.Logf("  of which: server until the first byte %v, transfer %v, parse to DOM interactive %v, to load end %v",
 		ms(m.ResponseStart-m.RequestStart), ms(m.ResponseEnd-m.ResponseStart), ms(m.DomInteractive-m.ResponseEnd), ms(m.LoadEventEnd-m.DomInteractive))
@@ -122,7 +122,7 @@ func TestBrowserLocksPageLoad10000(t *testing.T) {
 
 	// The live update repeats the GET every second: how long its fetch takes.
 	tb.open(root)
-	tb.live(2)
+	tb.live(1)
 	fetches := eval[[]float64](tb, `performance.getEntriesByType("resource").filter(e => e.initiatorType === "fetch").map(e => e.duration)`)
 	require.NotEmpty(t, fetches)
 	var parts []string
