@@ -127,16 +127,22 @@ var lockColumns = []struct{ name, label string }{
 	{"key", "Key"}, {"instance", "Instance"}, {"token", "Token"}, {"held", "Held for"}, {"expires", "Expires in"}, {"waiting", "Waiting"},
 }
 
-// lockLess orders locks by a column; key breaks ties.
-func lockLess(col string) func(a, b lockRow) int {
-	by := func(a, b lockRow) int {
+// lockOrder orders locks by a column, key breaking ties; now is the store's clock.
+func lockOrder(col string, desc bool, now time.Time) func(a, b pglock.LockInfo) int {
+	heldFor := func(l pglock.LockInfo) time.Duration {
+		if !l.Held || l.AcquiredAt.IsZero() {
+			return 0
+		}
+		return now.Sub(l.AcquiredAt)
+	}
+	by := func(a, b pglock.LockInfo) int {
 		switch col {
 		case "instance":
 			return strings.Compare(a.Instance, b.Instance)
 		case "token":
 			return cmp.Compare(a.Token, b.Token)
 		case "held":
-			return cmp.Compare(a.HeldFor, b.HeldFor)
+			return cmp.Compare(heldFor(a), heldFor(b))
 		case "expires":
 			return cmp.Compare(a.ExpiresIn, b.ExpiresIn)
 		case "waiting":
@@ -144,11 +150,15 @@ func lockLess(col string) func(a, b lockRow) int {
 		}
 		return 0
 	}
-	return func(a, b lockRow) int {
-		if c := by(a, b); c != 0 {
-			return c
+	return func(a, b pglock.LockInfo) int {
+		c := by(a, b)
+		if c == 0 {
+			c = strings.Compare(a.Key, b.Key)
 		}
-		return strings.Compare(a.Key, b.Key)
+		if desc {
+			return -c
+		}
+		return c
 	}
 }
 
@@ -190,33 +200,25 @@ func (c *console) locks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := locksData{Prefix: prefix, Sort: sortBy, Total: len(infos)}
-	var now time.Time
-	rows := make([]lockRow, len(infos))
-	for i, l := range infos {
-		if now.IsZero() {
-			now = l.ExpiresAt.Add(-l.ExpiresIn)
-		}
-		rows[i] = lockRowOf(l)
+	now := time.Now()
+	if len(infos) > 0 { // the store's clock, as it read the locks
+		now = infos[0].ExpiresAt.Add(-infos[0].ExpiresIn)
+	}
+	for _, l := range infos {
 		if l.Held {
 			d.Held++
 		}
 	}
-	if now.IsZero() {
-		now = time.Now()
-	}
 	d.Now = stamp(now)
 	if col != "key" || desc {
-		less := lockLess(col)
-		if desc {
-			slices.SortStableFunc(rows, func(a, b lockRow) int { return -less(a, b) })
-		} else {
-			slices.SortStableFunc(rows, less)
-		}
+		slices.SortFunc(infos, lockOrder(col, desc, now))
 	}
-	d.Pages = max(1, (len(rows)+pageSize-1)/pageSize)
+	d.Pages = max(1, (len(infos)+pageSize-1)/pageSize)
 	d.Page = min(pageNo, d.Pages)
 	from := (d.Page - 1) * pageSize
-	d.Rows = rows[from:min(from+pageSize, len(rows))]
+	for _, l := range infos[from:min(from+pageSize, len(infos))] {
+		d.Rows = append(d.Rows, lockRowOf(l))
+	}
 	d.First, d.Last = from+1, from+len(d.Rows)
 	link := func(n int) string {
 		v := url.Values{}

@@ -194,7 +194,7 @@ func (c *console) prune(w http.ResponseWriter, r *http.Request) {
 		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "pglockui: prune failed", slog.Any("err", err))
 		http.Error(w, fmt.Sprintf("pruned %d locks, then: %v", n, err), http.StatusServiceUnavailable)
 	default:
-		c.logger.LogAttrs(r.Context(), slog.LevelInfo, "pglockui: pruned", slog.Int64("count", n), slog.Duration("ttl", olderThan))
+		c.logger.LogAttrs(r.Context(), slog.LevelInfo, "pglockui: pruned", slog.Int64("pruned", n), slog.Duration("older_than", olderThan))
 		fmt.Fprintf(w, "pruned %d locks whose lease ended more than %s ago\n", n, olderThan)
 	}
 }

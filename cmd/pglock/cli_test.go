@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"regexp"
@@ -506,3 +508,38 @@ func schemaExists(t *testing.T, url string) bool {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func TestUIServesTheConsoleUntilInterrupted(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	l, err := newClient(t, url).TryAcquire(context.Background(), p+"shown")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, l.Release(context.Background())) })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "ui", "-addr", "127.0.0.1:0")
+	cmd.Env = append(withoutDatabaseURL(os.Environ()), "DATABASE_URL="+url)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(stdout)
+	require.True(t, sc.Scan())
+	m := regexp.MustCompile(`^pglock ui: serving \S+ on (http://127\.0\.0\.1:\d+/) \(Ctrl\+C stops\)$`).FindStringSubmatch(sc.Text())
+	require.NotNil(t, m, sc.Text())
+
+	res, err := http.Get(m[1] + "?prefix=" + p)
+	require.NoError(t, err)
+	body, err := io.ReadAll(res.Body)
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Contains(t, string(body), `<tr data-key="`+p+`shown" class="held">`)
+	require.NotContains(t, string(body), "force-release", "actions off without -actions")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	for sc.Scan() {
+	}
+	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+}

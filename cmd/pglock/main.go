@@ -70,7 +70,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{locksCommand, jobsCommand, releaseCommand, migrateCommand, sqlCommand, pruneCommand}
+	commands = []*command{locksCommand, jobsCommand, releaseCommand, migrateCommand, sqlCommand, pruneCommand, uiCommand}
 }
 
 func lookup(name string) *command {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/pgfence/pglock"
@@ -46,9 +47,13 @@ type LockRow struct {
 //     {"exported":3,"batchId":"acc_…"}, or {"exported":0} when nothing is left; 409 when
 //     the lock stayed held for the whole wait.
 //   - GET /admin/locks: 200, the locks table as a JSON array of LockRow, by key.
+//   - /admin/console/: pglock's web console (package pglockui): the locks, the jobs
+//     and their timelines, force-release and prune. A browser gives the admin token as
+//     the password of HTTP Basic authentication (any user name): the console answers
+//     401 with a WWW-Authenticate challenge, so that the browser asks for it.
 //
-// The admin endpoints answer 403 without the admin token in AdminTokenHeader. Errors
-// are JSON: {"error":"…"}.
+// The admin endpoints answer 403 without the admin token in AdminTokenHeader (or, for
+// the console, as the Basic password). Errors are JSON: {"error":"…"}.
 func (s *Shop) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -57,6 +62,7 @@ func (s *Shop) Handler() http.Handler {
 	}
 	mux.HandleFunc("POST /admin/invoice-exports", s.admin(s.exportNow))
 	mux.HandleFunc("GET /admin/locks", s.admin(s.listLocks))
+	mux.Handle("/admin/console/", s.admin(http.StripPrefix("/admin/console", s.console).ServeHTTP))
 	return mux
 }
 
@@ -90,8 +96,18 @@ func (s *Shop) healthz(w http.ResponseWriter, _ *http.Request) {
 func (s *Shop) admin(h http.HandlerFunc) http.HandlerFunc {
 	want := sha256.Sum256([]byte(s.adminToken))
 	return func(w http.ResponseWriter, r *http.Request) {
-		got := sha256.Sum256([]byte(r.Header.Get(AdminTokenHeader)))
+		token := r.Header.Get(AdminTokenHeader)
+		_, password, basic := r.BasicAuth()
+		if token == "" && basic {
+			token = password
+		}
+		got := sha256.Sum256([]byte(token))
 		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			if strings.HasPrefix(r.URL.Path, "/admin/console/") {
+				w.Header().Set("WWW-Authenticate", `Basic realm="shop admin: the admin token as password", charset="UTF-8"`)
+				writeError(w, http.StatusUnauthorized, "unauthorized: the console needs the admin token as the Basic password")
+				return
+			}
 			writeError(w, http.StatusForbidden, "forbidden: this endpoint needs the admin token in "+AdminTokenHeader)
 			return
 		}

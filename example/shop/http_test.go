@@ -146,3 +146,32 @@ func get(t *testing.T, url string) *http.Request {
 	require.NoError(t, err)
 	return req
 }
+
+func TestAdminConsoleNeedsTheAdminToken(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t)
+	a := w.start(t, "a")
+	base := serve(t, a)
+	require.NoError(t, a.shop.StockReconciliation().Run(t.Context()))
+
+	res, err := http.Get(base + "/admin/console/")
+	require.NoError(t, err)
+	require.NoError(t, res.Body.Close())
+	require.Equal(t, http.StatusUnauthorized, res.StatusCode)
+	require.Contains(t, res.Header.Get("WWW-Authenticate"), "Basic")
+
+	for path, shows := range map[string]string{
+		"/admin/console/":     `<tr data-key="` + shop.StockReconciliationKey + `:owner" class="held">`,
+		"/admin/console/jobs": `<table id="jobs">`,
+	} {
+		req := get(t, base+path)
+		req.SetBasicAuth("admin", "s3cret")
+		r := do(t, req, "")
+		require.Equal(t, http.StatusOK, r.status, path)
+		require.Contains(t, string(r.raw), shows, path)
+	}
+	req := get(t, base+"/admin/console/")
+	req.SetBasicAuth("admin", "wrong")
+	require.Equal(t, http.StatusUnauthorized, do(t, req, "").status)
+	require.Equal(t, http.StatusOK, do(t, get(t, base+"/admin/console/"), "s3cret").status, "the header works too")
+}

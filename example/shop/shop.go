@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/pglockui"
 )
 
 // The keys of the shop's locks. They never change: a renamed key would let the old
@@ -95,7 +97,8 @@ type Shop struct {
 	logger     *slog.Logger
 	adminToken string
 	metrics    *Metrics
-	unobserve  func() // stops Metrics reading Locks' health
+	unobserve  func()       // stops Metrics reading Locks' health
+	console    http.Handler // pglockui, under /admin/console/
 
 	scheduler gocron.Scheduler
 	export    *pglock.Job
@@ -132,6 +135,12 @@ func New(cfg Config) (*Shop, error) {
 	s := &Shop{pool: cfg.Pool, locks: cfg.Locks, accounting: cfg.Accounting, warehouse: cfg.Warehouse,
 		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken, metrics: cfg.Metrics, unobserve: func() {}}
 	var err error
+	// Every request to the console passed the admin check (Handler), so its actions
+	// are the admin's.
+	if s.console, err = pglockui.New(cfg.Locks, pglockui.WithLogger(s.logger),
+		pglockui.WithAuthorize(func(*http.Request) bool { return true })); err != nil {
+		return nil, fmt.Errorf("shop: console: %w", err)
+	}
 	if s.scheduler, err = gocron.NewScheduler(); err != nil {
 		return nil, fmt.Errorf("shop: scheduler: %w", err)
 	}

@@ -300,7 +300,8 @@ func (d *demo) keepRunning(ctx context.Context) error {
 	}
 	d.out.raw(table("  ", rows))
 	p, curl := d.o.basePort, fmt.Sprintf("curl -s -H 'X-Admin-Token: %s'", adminToken)
-	d.out.raw(fmt.Sprintf(`Try the tutorial's steps:
+	d.out.raw(fmt.Sprintf(`The console (user any, password %[9]s): http://localhost:%[2]d/admin/console/
+Try the tutorial's steps:
   %[1]s localhost:%[2]d/admin/locks
   %[1]s -X POST localhost:%[3]d/admin/invoice-exports &
   %[1]s -X POST localhost:%[4]d/admin/invoice-exports    # 3 and 0
@@ -309,7 +310,7 @@ func (d *demo) keepRunning(ctx context.Context) error {
   psql '%[8]s' \
     -c 'SELECT key, owner, fencing_token, expires_at - now() AS expires_in FROM pglock.locks'
 Ctrl+C stops them.
-`, curl, p+1, p+1, p+2, owner.cmd.Process.Pid, owner.port, d.o.ttl, d.psqlConninfo()))
+`, curl, p+1, p+1, p+2, owner.cmd.Process.Pid, owner.port, d.o.ttl, d.psqlConninfo(), adminToken))
 	<-ctx.Done()
 	d.out.say("Stopping the instances...")
 	return nil
