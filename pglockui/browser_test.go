@@ -79,7 +79,7 @@ func (tb *tab) open(url string) {
 func (tb *tab) live(n int) {
 	tb.t.Helper()
 	from := eval[int](tb, `window.updates`)
-	tb.waitFor(time.Duration(n)*time.Second+3*time.Second, fmt.Sprintf(`window.updates >= %d`, from+n), fmt.Sprintf("%d live updates of the page", n))
+	tb.waitFor(time.Duration(n)*3*time.Second+5*time.Second, fmt.Sprintf(`window.updates >= %d`, from+n), fmt.Sprintf("%d live updates of the page", n))
 }
 
 func TestBrowserLockAppearsCountsDownAndGoesWithoutReload(t *testing.T) {

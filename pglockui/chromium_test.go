@@ -93,7 +93,7 @@ func (s stoppingBrowser) Run() int {
 
 // tab is a browser tab of one test.
 type tab struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     context.Context // the tab's chromedp context; actions take a deadline from it
 	mu      sync.Mutex
 	dialogs []string // JavaScript dialogs (alert, confirm, prompt) the page opened
@@ -104,7 +104,7 @@ type tab struct {
 // alert() is a script that should not have run. Without Chromium the test is skipped,
 // saying why, except when CI is set: then it fails, so that CI cannot pass without
 // having run it.
-func newTab(t *testing.T) *tab {
+func newTab(t testing.TB) *tab {
 	t.Helper()
 	bctx, err := startBrowser()
 	if err != nil {
