@@ -406,18 +406,18 @@ func human(d time.Duration) string {
 }
 
 var funcs = template.FuncMap{
-	"human": human,
-	"stamp": stamp,
-	"clock": func(t time.Time) string { return t.Local().Format("15:04:05") },
-	"ms":    func(d time.Duration) int64 { return d.Milliseconds() },
-	"path":  url.PathEscape,
-	"sub":   func(a, b time.Time) time.Duration { return a.Sub(b) },
-	"sub2":  func(a, b float64) float64 { return a - b },
+	"human":    human,
+	"stamp":    stamp,
+	"clock":    func(t time.Time) string { return t.Local().Format("15:04:05") },
+	"ms":       func(d time.Duration) int64 { return d.Milliseconds() },
+	"path":     url.PathEscape,
+	"sub":      func(a, b time.Time) time.Duration { return a.Sub(b) },
+	"sub2":     func(a, b float64) float64 { return a - b },
+	"runTitle": runTitle,
 }
 
 // parsePages parses each page's template with the layout.
 func parsePages() (map[string]*template.Template, error) {
-	funcs["runTitle"] = runTitle
 	pages := map[string]*template.Template{}
 	for _, name := range []string{"locks", "jobs", "job", "elections", "message"} {
 		t, err := template.New(name).Funcs(funcs).ParseFS(assets, "assets/templates/layout.html", "assets/templates/"+name+".html")
