@@ -20,8 +20,10 @@ import (
 	"github.com/pgfence/pglock/pglockui"
 )
 
+// TestMain checks that nothing leaves a goroutine behind, once the browser that the
+// browser tests share is stopped.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(stoppingBrowser{m})
 }
 
 // quiet discards logs, for the tests that do not read them.
