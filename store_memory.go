@@ -20,12 +20,12 @@ func NewMemoryStore(clock Clock) Store {
 }
 
 type memoryStore struct {
-	clock   Clock
-	mu      sync.Mutex
-	seq     int64                  // the last token drawn; never below a pruned lock's token
-	locks   map[string]*memoryLock // kept after release, like the table's rows, until pruned
-	history memoryHistory          // job runs and skips (history.go)
-	registry memoryRegistry        // registered jobs and elections (registry.go)
+	clock    Clock
+	mu       sync.Mutex
+	seq      int64                  // the last token drawn; never below a pruned lock's token
+	locks    map[string]*memoryLock // kept after release, like the table's rows, until pruned
+	history  memoryHistory          // job runs and skips (history.go)
+	registry memoryRegistry         // registered jobs and elections (registry.go)
 }
 
 type memoryLock struct {
