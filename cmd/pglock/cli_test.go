@@ -602,3 +602,28 @@ func TestLibpqDefaultsNameTheDatabaseTheyChose(t *testing.T) {
 	require.Equal(t, exitFailure, r.code, r.stderr)
 	require.Regexp(t, `^pglock: database "`+role+`" does not exist at \S+: name another with -url or DATABASE_URL\n$`, r.stderr)
 }
+
+// TestReadmeMigrateOutputIsTheLatestVersion: README's `pglock migrate` output names the
+// version the migrations reach, so it stays true as migrations are added.
+func TestReadmeMigrateOutputIsTheLatestVersion(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	available, err := migrations()
+	require.NoError(t, err)
+	got := regexp.MustCompile(`migrated schema pglock from version 0 to (\d+)`).FindAllStringSubmatch(string(readme), -1)
+	require.NotEmpty(t, got)
+	for _, m := range got {
+		require.Equal(t, itoa(int64(available[len(available)-1].Version)), m[1])
+	}
+}
+
+// TestReadmeTablesFitTheDefaultWidth: the command output README shows fits 100 columns.
+func TestReadmeTablesFitTheDefaultWidth(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, block := range regexp.MustCompile("(?s)```text\n(\\$ pglock (?:locks|jobs|release)[^`]*)```").FindAllStringSubmatch(string(readme), -1) {
+		requireFits(t, block[1], defaultWidth)
+	}
+}
