@@ -123,12 +123,12 @@ func TestElectionsListEveryRegisteredElectionWithItsLeader(t *testing.T) {
 		return nil
 	}})
 	require.NoError(t, err)
+	receive(t, led) // before b campaigns: a leads
 	_, err = b.Elect("billing:leader", pglock.LeaderCallbacks{OnAcquired: func(ctx context.Context, _ *pglock.Lock) error {
 		<-ctx.Done()
 		return nil
 	}})
 	require.NoError(t, err)
-	receive(t, led)
 	_, err = b.GocronElector("scheduler:leader") // registered; nobody asked IsLeader yet
 	require.NoError(t, err)
 
