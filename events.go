@@ -21,6 +21,7 @@ const (
 	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Err says why, Reason when the lease was lost or OnAcquired failed
 	EventAcquireFailed      EventType = "acquire failed"      // an Acquire, TryAcquire or WithLock returned without the lock; Err says why (ErrNotAcquired when the key was held)
 	EventRenewal            EventType = "renewal"             // one renewal call to the store ended; Key is empty, Duration is its latency, Err its failure
+	EventJobRegistered      EventType = "job registered"      // a job was registered here (Client.Job, a GocronLocker's first Lock of a job name); Key is the job's
 )
 
 // Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the

@@ -92,7 +92,7 @@ func ExampleJob_Task() {
 	}
 	defer func() { _ = scheduler.Shutdown() }()
 	_, err = scheduler.NewJob(gocron.DurationJob(5*time.Minute), job.Task(),
-		append(pglock.GocronOptions("stock-reconciliation"), gocron.WithStartAt(gocron.WithStartImmediately()))...)
+		append(pglock.GocronOptions(job.Key()), gocron.WithStartAt(gocron.WithStartImmediately()))...)
 	if err != nil {
 		panic(err)
 	}

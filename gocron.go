@@ -18,7 +18,7 @@ import (
 //
 //	job, err := client.Job("inventory:stock-reconciliation", reconcile, pglock.OnOneInstance(), pglock.WithoutOverlapping())
 //	...
-//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.GocronOptions("stock-reconciliation")...)
+//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.GocronOptions(job.Key())...)
 func (j *Job) Task() gocron.Task {
 	return gocron.NewTask(j.Run)
 }
@@ -26,7 +26,10 @@ func (j *Job) Task() gocron.Task {
 // GocronOptions returns the gocron job options pglock recommends for a job named name:
 // gocron.WithName(name) and gocron.WithSingletonMode(gocron.LimitModeReschedule), so
 // that gocron refuses an overlap inside one process before pglock makes any store
-// call. Append options of your own to the result. gocron's NewJob refuses an empty name.
+// call. Give it the job's key (Job.Key), so that the job has one name everywhere:
+// gocron's, the run history's, the events' and the metrics'; with a GocronLocker, the
+// gocron job name is the key already. Append options of your own to the result.
+// gocron's NewJob refuses an empty name.
 func GocronOptions(name string) []gocron.JobOption {
 	return []gocron.JobOption{gocron.WithName(name), gocron.WithSingletonMode(gocron.LimitModeReschedule)}
 }
@@ -60,6 +63,7 @@ func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, erro
 	if err := c.register(fmt.Sprintf("gocron elector %q", key), key); err != nil {
 		return nil, err
 	}
+	c.registered(kindElection, key)
 	e := &GocronElector{lease: newLease(c, key, key, lc.ttl), runs: runs{c: c}}
 	c.onClose(e.close)
 	return e, nil
@@ -255,6 +259,7 @@ func (k *gocronLocker) lease(name string) (*lease, error) {
 	if err := k.c.register(fmt.Sprintf("gocron locker job %q", name), name+leaseSuffix); err != nil {
 		return nil, err
 	}
+	k.c.registered(kindJob, name)
 	s := newLease(k.c, name, name+leaseSuffix, k.ttl)
 	k.leases[name] = s
 	return s, nil

@@ -38,12 +38,16 @@ type JobSkips struct {
 	Last     time.Time // the last one counted, on the store's clock
 }
 
-// JobStatus is what the run history says of one job.
+// JobStatus is what the run history and the registry say of one job.
 type JobStatus struct {
 	Job         string
 	LastRun     *JobRun    // nil when it never ran (within the retention)
 	LastFailure *JobRun    // the last run whose Outcome is not OutcomeOK; nil when none
 	Skips       []JobSkips // by instance, then reason
+	// Registrations are the instances that registered the job (Client.Job, a
+	// GocronLocker's first Lock of it), by instance: a job is listed from its
+	// registration, before its first run. Empty for a job only the history knows.
+	Registrations []Registration
 }
 
 // RunHistory sets how long the run history keeps job runs: between 1s and 10 years,
@@ -86,14 +90,31 @@ func (c *Client) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, 
 	return b.jobRuns(ctx, job, limit)
 }
 
-// JobStatuses returns every job with history, sorted by job: its last run, its last
-// failure and its skips, from every instance. ctx bounds the store call. Errors: an
-// error wrapping errors.ErrUnsupported on a type that embeds a Store, or the store's
-// error. It is safe for concurrent use.
+// JobStatuses returns every job registered (on any instance: see Registration) or with
+// history, sorted by job: its last run, its last failure and its skips, from every
+// instance, and the instances that registered it. ctx bounds the store calls (two).
+// Errors: an error wrapping errors.ErrUnsupported on a type that embeds a Store, or
+// the store's error. It is safe for concurrent use.
 func (c *Client) JobStatuses(ctx context.Context) ([]JobStatus, error) {
 	b, err := c.backend("job statuses", "keeps no run history")
 	if err != nil {
 		return nil, err
 	}
-	return b.jobStatuses(ctx)
+	jobs, err := b.jobStatuses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	regs, err := b.registrations(ctx, kindJob)
+	if err != nil {
+		return nil, err
+	}
+	st := make(statuses, len(jobs))
+	for _, j := range jobs {
+		st[j.Job] = &j
+	}
+	for _, r := range regs {
+		j := st.of(r.key)
+		j.Registrations = append(j.Registrations, r.Registration)
+	}
+	return st.sorted(), nil
 }

@@ -68,6 +68,7 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	if err := c.register(fmt.Sprintf("job %q", key), key, key+leaseSuffix); err != nil {
 		return nil, err
 	}
+	c.registered(kindJob, key)
 	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)

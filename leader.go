@@ -78,6 +78,7 @@ func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Ele
 	if err := c.register(fmt.Sprintf("election %q", key), key); err != nil {
 		return nil, err
 	}
+	c.registered(kindElection, key)
 	e := &Election{c: c, key: key, leader: leader, ttl: ttl, done: make(chan struct{})}
 	e.ctx, e.end = context.WithCancelCause(context.Background())
 	c.onClose(func(ctx context.Context) error { return e.stop(ctx, ErrClosed) })
@@ -135,6 +136,7 @@ func (e *Election) stop(ctx context.Context, why error) error {
 func (e *Election) run() {
 	defer close(e.done)
 	defer e.c.unregister(e.key)
+	defer e.c.registry.remove(registryEntry{kindElection, e.key})
 	w := e.c.listener.waiter(e.key)
 	defer w.stop()
 	free := 0 // how many times in a row the key looked free

@@ -33,6 +33,7 @@ type Client struct {
 	events   *events
 	listener *listener    // wakes waiters when their key is released
 	history  *history     // writes job runs and skips; nil when RunHistory is off or the store keeps none
+	registry *registry    // writes the jobs and elections registered; nil when the store keeps none
 	health   health       // what Health reports
 	timeline atomic.Int64 // the latest timeline of the server seen in a token (see laterTimeline)
 
@@ -113,6 +114,7 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 	c.handBacks = newHandBacks(store, cfg.logger)
 	c.listener = newListener(cfg.listen, store, cfg.logger, c.connectionsBack)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
+	c.registry = newRegistry(store, cfg.logger, cfg.instance)
 	c.onClose(c.listener.close)
 	c.renewals = newRenewals(raw)
 	c.renewer = renewer.New(renewer.Config{
@@ -341,7 +343,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.renewer.Close(ctx), c.renewals.close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.registry.close(ctx), c.renewer.Close(ctx), c.renewals.close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}

@@ -37,7 +37,7 @@ const pruneBatch = 1000
 //		return err
 //	}, pglock.OnOneInstance())
 //	...
-//	_, err = scheduler.NewJob(gocron.DurationJob(5*time.Minute), prune.Task(), pglock.GocronOptions("pglock-prune")...)
+//	_, err = scheduler.NewJob(gocron.DurationJob(5*time.Minute), prune.Task(), pglock.GocronOptions(prune.Key())...)
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, invalidArg("Prune: olderThan %v is negative", olderThan)

@@ -304,4 +304,3 @@ func TestQueueFunctionsRefuseBadInput(t *testing.T) {
 	require.Zero(t, queued(t, pool, "k"))
 	require.Empty(t, lockKeys(t, pool))
 }
-

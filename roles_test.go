@@ -190,6 +190,10 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 		require.GreaterOrEqual(t, i, 0)
 		require.Equal(t, pglock.OutcomeOK, jobs[i].LastRun.Outcome)
 		require.Len(t, jobs[i].Skips, 1)
+		require.Len(t, jobs[i].Registrations, 2, "the registry, written at Close at the latest")
+		elections, err := c.Elections(ctx)
+		require.NoError(t, err)
+		require.True(t, slices.ContainsFunc(elections, func(l pglock.LockInfo) bool { return l.Key == "role:leader" }))
 	})
 
 	t.Run("Prune", func(t *testing.T) {

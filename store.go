@@ -98,6 +98,14 @@ type backend interface {
 	// queueLeave takes the waiter out of the queue, passing on a grant it had not
 	// claimed, and reports whether it was queued.
 	queueLeave(ctx context.Context, key string, ticket int64) (bool, error)
+	// registryTouch writes that instance registered keys of kind (kindJob,
+	// kindElection): a registration when registering, else a refresh (see registry).
+	registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error
+	// registrations returns the registrations of kind, by key then instance.
+	registrations(ctx context.Context, kind string) ([]registryRow, error)
+	// elections returns every registered election's key with its live holder, as
+	// holder reads it, sorted by key (see Client.Elections).
+	elections(ctx context.Context) ([]LockInfo, error)
 }
 
 // wantMarker is the PostgreSQL stores' capability of marking a key wanted by a waiter,

@@ -27,8 +27,9 @@ type memoryStore struct {
 	locks   map[string]*memoryLock // kept after release, like the table's rows, until pruned
 	history memoryHistory          // job runs and skips (history.go)
 	// The fair queues, as pglock.waiters: by key, in the order of their tickets.
-	waiters map[string][]*memoryWaiter
-	tickets int64 // the last ticket drawn
+	waiters  map[string][]*memoryWaiter
+	tickets  int64          // the last ticket drawn
+	registry memoryRegistry // registered jobs and elections (registry.go)
 }
 
 // memoryWaiter is a fair waiter queued on a key (see Fair).

@@ -345,6 +345,21 @@ func (w watchedBackend) queueLeave(ctx context.Context, key string, ticket int64
 	return w.b.queueLeave(ctx, key, ticket)
 }
 
+func (w watchedBackend) registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) (err error) {
+	defer w.k.end(w.k.begin(ctx, "register", 0, false), &err)
+	return w.b.registryTouch(ctx, kind, keys, instance, registering)
+}
+
+func (w watchedBackend) registrations(ctx context.Context, kind string) (_ []registryRow, err error) {
+	defer w.k.end(w.k.begin(ctx, "registrations", 0, false), &err)
+	return w.b.registrations(ctx, kind)
+}
+
+func (w watchedBackend) elections(ctx context.Context) (_ []LockInfo, err error) {
+	defer w.k.end(w.k.begin(ctx, "elections", 0, false), &err)
+	return w.b.elections(ctx)
+}
+
 // watchedMarker is a watched backend that marks keys wanted: a PostgreSQL store's.
 type watchedMarker struct {
 	watchedBackend

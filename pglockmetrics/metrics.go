@@ -15,15 +15,22 @@
 //   - pglock.locks.lost {lock}, by reason (pglock.Reason: expired, refused, ...);
 //   - pglock.renewal.failures {call}: renewal calls that failed (a lock is lost only if
 //     they go on failing until its deadline);
-//   - pglock.job.runs {run}, by job and outcome (pglock.Outcome);
-//   - pglock.job.skips {tick}, by job and reason.
+//   - pglock.job.runs {run}, by pglock.job.name and outcome (pglock.Outcome);
+//   - pglock.job.skips {tick}, by pglock.job.name and reason.
+//
+// The counters an alert watches exist from the start, at 0: every acquisition outcome,
+// releases, the reasons a lock is lost (expired, refused, release-refused) and renewal
+// failures from New; a job's runs by every outcome and skips by every reason from its
+// registration on an observed client (pglock.EventJobRegistered), before its first run.
+// So increase(pglock_locks_lost_total[5m]) sees the first lost lock, and a job that
+// never runs has series that stay at 0.
 //
 // Histograms, in seconds:
 //   - pglock.acquire.duration: the store call that took a lock;
 //   - pglock.acquire.wait: from an Acquire, TryAcquire or WithLock call to the lock, or
 //     to giving up, by outcome;
 //   - pglock.renewal.duration: one renewal call, which renews every lock of a ttl;
-//   - pglock.job.duration: a job's run, by job.
+//   - pglock.job.duration: a job's run, by pglock.job.name.
 //
 // Gauges, from Client.Health: pglock.locks.held {lock}, pglock.elections.led
 // {election}, summed over the observed clients.
@@ -36,7 +43,10 @@
 //
 // Attributes come from small fixed sets, so that a series never exists per lock: a lock's
 // key is never one. Jobs are named by their key (or gocron job name) because jobs are
-// registered on the client, a few per application.
+// registered on the client, a few per application. The job's attribute is
+// pglock.job.name (as OpenTelemetry names k8s.job.name), pglock_job_name in Prometheus:
+// never job or instance, the labels Prometheus gives every series it scrapes, which
+// would rename a library's own to exported_job.
 package pglockmetrics
 
 import (
@@ -65,6 +75,18 @@ const (
 	OutcomeClosed      = "closed"
 	OutcomeInvalid     = "invalid"
 	OutcomeError       = "error"
+)
+
+// jobAttribute is the attribute that names a job: its key (or gocron job name).
+const jobAttribute = "pglock.job.name"
+
+// lostReasons are the reasons a lock is lost (pglock.LockLostError.Reason).
+var lostReasons = []pglock.Reason{pglock.ReasonExpired, pglock.ReasonRefused, pglock.ReasonReleaseRefused}
+
+// jobOutcomes and skipReasons are a job's runs' outcomes and its ticks' skip reasons.
+var (
+	jobOutcomes = []pglock.Outcome{pglock.OutcomeOK, pglock.OutcomeError, pglock.OutcomePanicked, pglock.OutcomeLost}
+	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress}
 )
 
 // buckets are the histograms' bounds, in seconds: from a millisecond (a store call on a
@@ -143,6 +165,17 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	if _, err := meter.RegisterCallback(m.observe, m.held, m.led, m.dropped); err != nil {
 		return nil, fmt.Errorf("pglockmetrics: %w", err)
 	}
+	// The counters an alert watches, at 0 from the start (an absent series is no
+	// increase, and the first event would go unseen).
+	ctx := context.Background()
+	for _, o := range []string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeClosed, OutcomeInvalid, OutcomeError} {
+		m.acquisitions.Add(ctx, 0, metric.WithAttributes(attribute.String("outcome", o)))
+	}
+	m.releases.Add(ctx, 0)
+	for _, r := range lostReasons {
+		m.lost.Add(ctx, 0, metric.WithAttributes(attribute.String("reason", string(r))))
+	}
+	m.renewalFailures.Add(ctx, 0)
 	return m, nil
 }
 
@@ -168,16 +201,24 @@ func (m *Metrics) Handle(ev pglock.Event) {
 		if ev.Err != nil {
 			m.renewalFailures.Add(ctx, 1)
 		}
+	case pglock.EventJobRegistered:
+		job := attribute.String(jobAttribute, ev.Key)
+		for _, o := range jobOutcomes {
+			m.jobRuns.Add(ctx, 0, metric.WithAttributes(job, attribute.String("outcome", string(o))))
+		}
+		for _, r := range skipReasons {
+			m.jobSkips.Add(ctx, 0, metric.WithAttributes(job, attribute.String("reason", string(r))))
+		}
 	case pglock.EventJobRan:
 		outcome := string(ev.Outcome)
 		if outcome == "" {
 			outcome = "unknown"
 		}
-		job := attribute.String("job", ev.Key)
+		job := attribute.String(jobAttribute, ev.Key)
 		m.jobRuns.Add(ctx, 1, metric.WithAttributes(job, attribute.String("outcome", outcome)))
 		m.jobDuration.Record(ctx, ev.Duration.Seconds(), metric.WithAttributes(job))
 	case pglock.EventJobSkipped:
-		m.jobSkips.Add(ctx, 1, metric.WithAttributes(attribute.String("job", ev.Key), attribute.String("reason", string(ev.Reason))))
+		m.jobSkips.Add(ctx, 1, metric.WithAttributes(attribute.String(jobAttribute, ev.Key), attribute.String("reason", string(ev.Reason))))
 	}
 }
 

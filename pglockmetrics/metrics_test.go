@@ -181,16 +181,23 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 		"outcome=not_acquired": 3, // b: k2 twice; a: the skipped run
 		"outcome=invalid":      1,
 		"outcome=canceled":     1,
+		"outcome=closed":       0, // every outcome from the start
+		"outcome=error":        0,
 	}, got.sums["pglock.acquisitions"])
 	require.Equal(t, map[string]int64{"": 4}, got.sums["pglock.releases"], "k2, two runs, the lease")
-	require.Equal(t, map[string]int64{"reason=expired": 1, "reason=refused": 1}, got.sums["pglock.locks.lost"])
+	require.Equal(t, map[string]int64{"reason=expired": 1, "reason=refused": 1, "reason=release-refused": 0}, got.sums["pglock.locks.lost"])
 	failures := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal && e.Err != nil })
 	require.Positive(t, failures)
 	require.Equal(t, map[string]int64{"": failures}, got.sums["pglock.renewal.failures"])
-	require.Equal(t, map[string]int64{"job=reports:nightly,reason=run-in-progress": 1}, got.sums["pglock.job.skips"])
 	require.Equal(t, map[string]int64{
-		"job=reports:nightly,outcome=ok":    1,
-		"job=reports:nightly,outcome=error": 1,
+		"pglock.job.name=reports:nightly,reason=run-in-progress": 1,
+		"pglock.job.name=reports:nightly,reason=other-instance":  0, // from the job's registration
+	}, got.sums["pglock.job.skips"])
+	require.Equal(t, map[string]int64{
+		"outcome=ok,pglock.job.name=reports:nightly":       1,
+		"outcome=error,pglock.job.name=reports:nightly":    1,
+		"outcome=panicked,pglock.job.name=reports:nightly": 0,
+		"outcome=lost,pglock.job.name=reports:nightly":     0,
 	}, got.sums["pglock.job.runs"])
 
 	require.Equal(t, map[string]uint64{"": 6}, got.counts["pglock.acquire.duration"])
@@ -199,7 +206,7 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	}, got.counts["pglock.acquire.wait"])
 	renewals := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal })
 	require.Equal(t, map[string]uint64{"": uint64(renewals)}, got.counts["pglock.renewal.duration"])
-	require.Equal(t, map[string]uint64{"job=reports:nightly": 2}, got.counts["pglock.job.duration"])
+	require.Equal(t, map[string]uint64{"pglock.job.name=reports:nightly": 2}, got.counts["pglock.job.duration"])
 	require.Greater(t, got.waitOver50ms, uint64(0), "the Acquire that waited 50 ms is in a bucket above 25 ms")
 
 	for name, unit := range map[string]string{"pglock.acquire.duration": "s", "pglock.acquire.wait": "s",
@@ -209,7 +216,7 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	}
 	// Attributes are bounded: never a lock's key.
 	for _, kv := range got.attributes {
-		require.Contains(t, []attribute.Key{"outcome", "reason", "job"}, kv.Key)
+		require.Contains(t, []attribute.Key{"outcome", "reason", "pglock.job.name"}, kv.Key)
 		require.NotContains(t, kv.Value.String(), t.Name())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -34,10 +35,10 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 
 	t.Run("LocksListsTheHolderLocksAsATable", func(t *testing.T) {
 		t.Parallel()
-		r := pglockCmd(t, nil, "locks", "-url", url, "-prefix", p)
+		r := pglockCmd(t, []string{"COLUMNS=200"}, "locks", "-url", url, "-prefix", p) // the test's long keys whole
 		require.Equal(t, 0, r.code, r.stderr)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		require.Regexp(t, `^KEY\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES \(UTC\)\s+WAITING$`, lines[0])
+		require.Regexp(t, `^KEY\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES\s+WAITING$`, lines[0])
 		row := func(key string) string {
 			for _, l := range lines {
 				if strings.HasPrefix(l, key+" ") {
@@ -48,12 +49,21 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 			return ""
 		}
 		for _, key := range []string{p + "orders:1", p + "orders:2", p + "stuck:1"} {
-			require.Regexp(t, `^\S+\s+worker-1/\S+\s+`+itoa(h.tokens[key])+`\s+yes\s+\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\s+\(in [0-9.]+m?s\)`, row(key))
+			require.Regexp(t, `^\S+\s+worker-1/\S+\s+`+itoa(h.tokens[key])+`\s+yes\s+in [0-9.]+m?s`, row(key))
 		}
 		require.Regexp(t, `\s+yes$`, row(p+"orders:2"), "orders:2 is waited for")
-		require.Regexp(t, `\s+yes\s+\S+\s+\(in [0-9.]+m?s\)$`, row(p+"orders:1"), "nobody waits for orders:1")
+		require.Regexp(t, `\s+yes\s+in [0-9.]+m?s$`, row(p+"orders:1"), "nobody waits for orders:1")
 		require.Regexp(t, `^\S+\s+worker-1/\S+\s+\d+\s+yes\s`, row(p+"reconcile:owner"), "worker-1 owns the job reconcile")
-		require.Regexp(t, `^\S+\s+-\s+\d+\s+no\s+\S+\s+\(\S+ ago\)$`, row(p+"export"), "the run lock of export was released")
+		require.Regexp(t, `^\S+\s+-\s+\d+\s+no\s+released \S+ ago$`, row(p+"export"), "the run lock of export was released")
+
+		// 100 columns by default, or COLUMNS: the owners give way first, then the keys.
+		r = pglockCmd(t, nil, "locks", "-url", url, "-prefix", p)
+		require.Equal(t, 0, r.code, r.stderr)
+		requireFits(t, r.stdout, defaultWidth)
+		r = pglockCmd(t, []string{"COLUMNS=80"}, "locks", "-url", url, "-prefix", p)
+		require.Equal(t, 0, r.code, r.stderr)
+		requireFits(t, r.stdout, 80)
+		require.Contains(t, r.stdout, "…")
 		require.Equal(t, "6 locks, 4 held, 1 waited for", lines[len(lines)-1])
 	})
 
@@ -95,13 +105,18 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 
 	t.Run("JobsShowsLastRunLastFailureAndSkips", func(t *testing.T) {
 		t.Parallel()
-		r := pglockCmd(t, nil, "jobs", "-url", url)
+		r := pglockCmd(t, []string{"COLUMNS=200"}, "jobs", "-url", url)
 		require.Equal(t, 0, r.code, r.stderr)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		require.Regexp(t, `^JOB\s+LAST RUN \(UTC\)\s+ON\s+TOOK\s+OUTCOME\s+LAST FAILURE\s+SKIPPED$`, lines[0])
+		require.Regexp(t, `^JOB\s+LAST RUN\s+ON\s+TOOK\s+OUTCOME\s+LAST FAILURE\s+SKIPPED$`, lines[0])
 		require.Len(t, lines, 3, r.stdout)
-		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`export\s+\S+Z\s+\(\S+ ago\)\s+worker-1\s+\S+s\s+error\s+\S+ ago on worker-1, error: export: the warehouse answered 503\s+-$`, lines[1])
-		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`reconcile\s+\S+Z\s+\(\S+ ago\)\s+worker-1\s+\S+s\s+ok\s+-\s+other-instance 1$`, lines[2])
+		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`export\s+\S+ ago\s+worker-1\s+\S+s\s+error\s+\S+ ago on worker-1, error: export: the warehouse answered 503\s+-$`, lines[1])
+		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`reconcile\s+\S+ ago\s+worker-1\s+\S+s\s+ok\s+-\s+other-instance 1$`, lines[2])
+
+		r = pglockCmd(t, nil, "jobs", "-url", url)
+		require.Equal(t, 0, r.code, r.stderr)
+		requireFits(t, r.stdout, defaultWidth)
+		require.Contains(t, r.stdout, "ago on worker-1, er…", "the failure gives way first")
 	})
 
 	t.Run("JobsJSONGivesEveryField", func(t *testing.T) {
@@ -138,11 +153,16 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.Equal(t, 0, r.code, r.stderr)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		require.Regexp(t, `^STARTED \(UTC\)\s+ON\s+TOKEN\s+TOOK\s+OUTCOME\s+ERROR$`, lines[0])
-		require.Regexp(t, `^\S+Z\s+\(\S+ ago\)\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[1])
-		require.Regexp(t, `^\S+Z\s+\(\S+ ago\)\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[2])
+		require.Regexp(t, `^\S+Z\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[1])
+		require.Regexp(t, `^\S+Z\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[2])
 		require.Equal(t, "", lines[3])
-		require.Regexp(t, `^SKIPPED ON\s+REASON\s+TICKS\s+LAST \(UTC\)$`, lines[4])
-		require.Regexp(t, `^worker-2\s+other-instance\s+1\s+\S+Z\s+\(\S+ ago\)$`, lines[5])
+		require.Regexp(t, `^SKIPPED ON\s+REASON\s+TICKS\s+LAST$`, lines[4])
+		require.Regexp(t, `^worker-2\s+other-instance\s+1\s+\S+ ago$`, lines[5])
+		require.Equal(t, "", lines[6])
+		require.Regexp(t, `^REGISTERED ON\s+REGISTERED\s+LAST SEEN$`, lines[7])
+		require.Regexp(t, `^worker-1\s+\S+ ago\s+\S+ ago$`, lines[8])
+		require.Regexp(t, `^worker-2\s+\S+ ago\s+\S+ ago$`, lines[9])
+		requireFits(t, r.stdout, defaultWidth)
 
 		r = pglockCmd(t, nil, "jobs", "-url", url, "-n", "1", "-json", p+"reconcile")
 		require.Equal(t, 0, r.code, r.stderr)
@@ -151,11 +171,18 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.Len(t, runs.Runs, 1, "-n 1")
 	})
 
-	t.Run("JobsOfAJobWithoutRunsIsNotFound", func(t *testing.T) {
+	t.Run("JobsOfAJobNeitherRegisteredNorRecordedIsNotFound", func(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, nil, "jobs", "-url", url, p+"never-ran")
 		require.Equal(t, exitNotFound, r.code)
-		require.Equal(t, `pglock: jobs: no runs of "`+p+`never-ran" recorded (within the retention; pglock jobs lists the jobs that have some)`+"\n", r.stderr)
+		require.Equal(t, `pglock: jobs: no job "`+p+`never-ran" registered or recorded (within the retention): pglock jobs lists them`+"\n", r.stderr)
+	})
+
+	t.Run("JobsOfANameThatEndsAJobKeySaysWhichOne", func(t *testing.T) {
+		t.Parallel()
+		r := pglockCmd(t, nil, "jobs", "-url", url, "reconcile")
+		require.Equal(t, exitNotFound, r.code)
+		require.Equal(t, `pglock: jobs: no job "reconcile" registered or recorded (within the retention): did you mean "`+p+`reconcile"? (a job is named by its key)`+"\n", r.stderr)
 	})
 
 	t.Run("ReleaseWithoutForceSaysWhatItWouldBreakAndBreaksNothing", func(t *testing.T) {
@@ -164,7 +191,8 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		before := locksJSONOf(t, url, key)
 		r := pglockCmd(t, nil, "release", "-url", url, key)
 		require.Equal(t, exitUsage, r.code)
-		require.Regexp(t, `^would release "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key])+`, its lease due to end \S+Z \(in \S+\)\n$`, r.stdout)
+		requireFits(t, r.stdout, defaultWidth)
+		require.Regexp(t, `^would release "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(r.stdout))
 		require.Equal(t, `pglock: release: -force is required to break "`+key+`": nothing changed`+"\n", r.stderr)
 		after := locksJSONOf(t, url, key)
 		require.True(t, after[0].Held)
@@ -209,8 +237,9 @@ func TestReleaseForceBreaksTheHolderLock(t *testing.T) {
 
 	r := pglockCmd(t, nil, "release", "-force", "-url", url, key)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `^released "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\n`+
-		`Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused.\n$`, r.stdout)
+	requireFits(t, r.stdout, defaultWidth)
+	require.Regexp(t, `^released "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\. `+
+		`Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(r.stdout))
 	require.Empty(t, r.stderr)
 
 	// The holder renews every second: its next renewal is refused.
@@ -332,7 +361,9 @@ func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
 		stderr string // a regexp, matched against the whole of stderr
 	}{
 		{"UnknownCommand", []string{"frobnicate"}, exitUsage,
-			`^pglock: unknown command "frobnicate": want one of locks, jobs, release, migrate, sql, prune \(pglock -h\)\n$`},
+			`^pglock: unknown command "frobnicate": want one of locks, jobs, release, migrate, sql, prune, version \(pglock -h\)\n$`},
+		{"UnknownFlagBeforeTheCommand", []string{"-bogus", "locks"}, exitUsage,
+			`^pglock: flag provided but not defined: -bogus \(pglock -h\)\n$`},
 		{"NoCommand", nil, exitUsage, `^pglock shows and steers(.|\n)*Exit codes:(.|\n)*`},
 		{"UnknownFlag", []string{"locks", "-url", url, "-colour"}, exitUsage,
 			`^pglock: locks: flag provided but not defined: -colour \(pglock locks -h\)\n$`},
@@ -542,4 +573,94 @@ func TestUIServesTheConsoleUntilInterrupted(t *testing.T) {
 	for sc.Scan() {
 	}
 	require.NoError(t, cmd.Wait(), "exit 0 on SIGINT")
+}
+
+// requireFits checks that every line of out has at most width characters.
+func requireFits(t *testing.T, out string, width int) {
+	t.Helper()
+	for l := range strings.Lines(out) {
+		require.LessOrEqual(t, utf8.RuneCountInString(strings.TrimSuffix(l, "\n")), width, "%q", l)
+	}
+}
+
+// unwrap joins wrapped lines back into one.
+func unwrap(out string) string {
+	return strings.ReplaceAll(strings.TrimSuffix(out, "\n"), "\n", " ")
+}
+
+// TestVersionSaysWhatItNeedsAndWhatTheDatabaseHas: the module, the schema version of
+// its migrations, and the database's; a database that does not answer is reported,
+// with exit 0.
+func TestVersionSaysWhatItNeedsAndWhatTheDatabaseHas(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	available, err := migrations()
+	require.NoError(t, err)
+	latest := itoa(int64(available[len(available)-1].Version))
+
+	r := pglockCmd(t, nil, "version", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `^pglock \S+ \(go\S+\)\nschema: version `+latest+`\ndatabase: schema pglock at version `+latest+`\n$`, r.stdout)
+
+	r = pglockCmd(t, nil, "version", "-json", "-url", url)
+	require.Equal(t, 0, r.code, r.stderr)
+	var v versionJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v), r.stdout)
+	require.Equal(t, available[len(available)-1].Version, v.Schema)
+	require.Equal(t, v.Schema, *v.DatabaseSchema)
+
+	r = pglockCmd(t, nil, "version", "-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, `\ndatabase: PostgreSQL unreachable at 127\.0\.0\.1:1: connect: connection refused\n$`, r.stdout)
+
+	r = pglockCmd(t, nil, "version", "-url", unmigratedDatabase(t))
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Regexp(t, "\ndatabase: schema pglock not found: run `pglock migrate`\n$", r.stdout)
+}
+
+// TestLibpqDefaultsNameTheDatabaseTheyChose: without -url nor DATABASE_URL nor
+// PGDATABASE, the database is the user's name, as libpq and the server default it, and
+// an error names it.
+func TestLibpqDefaultsNameTheDatabaseTheyChose(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	admin, err := pgx.Connect(t.Context(), url)
+	require.NoError(t, err)
+	defer admin.Close(context.Background())
+	role := "pglock_cli_nodb_" + strconv.Itoa(os.Getpid())
+	_, err = admin.Exec(t.Context(), "CREATE ROLE "+role+" LOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+
+	r := pglockCmd(t, []string{"PGHOST=" + cfg.Host, "PGPORT=" + strconv.Itoa(int(cfg.Port)), "PGUSER=" + role,
+		"PGDATABASE=", "PGSSLMODE=disable", "PGPASSWORD=" + cfg.Password}, "locks")
+	require.Equal(t, exitFailure, r.code, r.stderr)
+	require.Regexp(t, `^pglock: database "`+role+`" does not exist at \S+: name another with -url or DATABASE_URL\n$`, r.stderr)
+}
+
+// TestReadmeMigrateOutputIsTheLatestVersion: README's `pglock migrate` output names the
+// version the migrations reach, so it stays true as migrations are added.
+func TestReadmeMigrateOutputIsTheLatestVersion(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	available, err := migrations()
+	require.NoError(t, err)
+	got := regexp.MustCompile(`migrated schema pglock from version 0 to (\d+)`).FindAllStringSubmatch(string(readme), -1)
+	require.NotEmpty(t, got)
+	for _, m := range got {
+		require.Equal(t, itoa(int64(available[len(available)-1].Version)), m[1])
+	}
+}
+
+// TestReadmeTablesFitTheDefaultWidth: the command output README shows fits 100 columns.
+func TestReadmeTablesFitTheDefaultWidth(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, block := range regexp.MustCompile("(?s)```text\n(\\$ pglock (?:locks|jobs|release)[^`]*)```").FindAllStringSubmatch(string(readme), -1) {
+		requireFits(t, block[1], defaultWidth)
+	}
 }

@@ -46,7 +46,11 @@ func (e *env) connect(ctx context.Context) (*conn, error) {
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pglock-cli"
 	}
-	c := &conn{e: e, url: url, where: where(cfg.ConnConfig.Host, cfg.ConnConfig.Port), db: cfg.ConnConfig.Database}
+	db := cfg.ConnConfig.Database
+	if db == "" {
+		db = cfg.ConnConfig.User // as libpq and the server default it
+	}
+	c := &conn{e: e, url: url, where: where(cfg.ConnConfig.Host, cfg.ConnConfig.Port), db: db}
 	c.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: connect to %s: %w", c.where, err)

@@ -1,44 +1,81 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/pgfence/pglock"
 )
 
-// table writes aligned columns, without trailing spaces.
+// table writes aligned columns, without trailing spaces, in at most width columns
+// when it can: the columns given to clip give way first, in their order, down to their
+// minimum, their cells cut with "…".
 type table struct {
-	w   io.Writer
-	buf bytes.Buffer
-	tw  *tabwriter.Writer
+	w      io.Writer
+	width  int // 0: no limit
+	rows   [][]string
+	shrink []shrinkable
 }
 
-func newTable(w io.Writer, header ...string) *table {
-	t := &table{w: w}
-	t.tw = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
-	t.row(header...)
+type shrinkable struct{ col, min int }
+
+func newTable(w io.Writer, width int, header ...string) *table {
+	return &table{w: w, width: width, rows: [][]string{header}}
+}
+
+// clip lets column col be cut down to min characters to fit the width.
+func (t *table) clip(col, min int) *table {
+	t.shrink = append(t.shrink, shrinkable{col, min})
 	return t
 }
 
 func (t *table) row(cells ...string) {
-	fmt.Fprintln(t.tw, strings.Join(cells, "\t"))
+	t.rows = append(t.rows, cells)
 }
 
 func (t *table) flush() {
-	_ = t.tw.Flush()
-	for _, line := range strings.SplitAfter(t.buf.String(), "\n") {
-		if line != "" {
-			fmt.Fprintln(t.w, strings.TrimRight(line, " \n"))
+	const gap = 2
+	var widths []int
+	for _, r := range t.rows {
+		for i, c := range r {
+			if i == len(widths) {
+				widths = append(widths, 0)
+			}
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
 		}
 	}
-	t.buf.Reset()
+	total := gap * (len(widths) - 1)
+	for _, w := range widths {
+		total += w
+	}
+	for _, s := range t.shrink {
+		if t.width <= 0 || total <= t.width || s.col >= len(widths) {
+			break
+		}
+		cut := min(total-t.width, max(widths[s.col]-s.min, 0))
+		widths[s.col] -= cut
+		total -= cut
+	}
+	var b strings.Builder
+	for _, r := range t.rows {
+		b.Reset()
+		for i, c := range r {
+			c = clip(c, widths[i])
+			b.WriteString(c)
+			if i < len(r)-1 {
+				b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c)+gap))
+			}
+		}
+		fmt.Fprintln(t.w, strings.TrimRight(b.String(), " "))
+	}
+	t.rows = t.rows[:1]
 }
 
 // text returns s as a table cell or a line: quoted when it holds a control character
@@ -58,6 +95,9 @@ func text(s string) string {
 func clip(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
+	}
+	if n < 1 {
+		return ""
 	}
 	r := []rune(s)
 	return string(r[:n-1]) + "…"
@@ -117,4 +157,55 @@ func plural(n int, word string) string {
 		return "1 " + word
 	}
 	return strconv.Itoa(n) + " " + word + "s"
+}
+
+// expiry says when a lock's lease ends, or when it ended: "in 30s", "released 2m ago"
+// (no owner: released, or broken), "expired 2.4s ago".
+func expiry(l pglock.LockInfo) string {
+	switch {
+	case l.Held:
+		return "in " + span(l.ExpiresIn)
+	case l.Owner == "":
+		return "released " + span(l.ExpiresIn) + " ago"
+	}
+	return "expired " + span(l.ExpiresIn) + " ago"
+}
+
+// wrap breaks text into lines of at most width characters, at spaces (0: no limit).
+func wrap(text string, width int) string {
+	if width <= 0 {
+		return text
+	}
+	var b strings.Builder
+	n := 0
+	for i, word := range strings.Fields(text) {
+		w := utf8.RuneCountInString(word)
+		switch {
+		case i == 0:
+		case n+1+w > width:
+			b.WriteByte('\n')
+			n = 0
+		default:
+			b.WriteByte(' ')
+			n++
+		}
+		b.WriteString(word)
+		n += w
+	}
+	return b.String()
+}
+
+// defaultWidth is the width output fits when neither COLUMNS nor a terminal says.
+const defaultWidth = 100
+
+// termWidth is the width output fits: COLUMNS when it is a positive number, else the
+// width of the terminal stdout is, else defaultWidth.
+func termWidth(getenv func(string) string, stdout *os.File) int {
+	if n, err := strconv.Atoi(getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	if n := terminalWidth(stdout); n > 0 {
+		return n
+	}
+	return defaultWidth
 }

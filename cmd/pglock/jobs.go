@@ -16,11 +16,14 @@ import (
 var jobsCommand = &command{
 	name:    "jobs",
 	args:    "[-json] [-n N] [JOB]",
-	summary: "every job's last run, last failure and skipped ticks; or one job's last runs",
+	summary: "every job's last run, failure and skips, from its registration; or a job's runs",
 	help: `
-Jobs lists every job with a run history: its last run (when, on which instance,
-how long, the outcome), its last failure, and the ticks it skipped by reason. With
-JOB, it lists that job's last runs, newest first, and its skipped ticks by instance.
+Jobs lists every job registered (by a running client, on any instance: listed
+before its first run) or with a run history: its last run (when, on which
+instance, how long, the outcome), its last failure, and the ticks it skipped by
+reason. With JOB (the job's key, which GocronOptions(job.Key()) makes its gocron
+name too), it lists that job's last runs, newest first, its skipped ticks by
+instance, and the instances that registered it.
 
 Outcomes: ok, error, panicked, lost (the lock was lost mid-run). Skip reasons:
 other-instance (another instance owns the job: OnOneInstance), run-in-progress (a
@@ -70,7 +73,7 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 			}
 			return writeJSON(e.stdout, out, false)
 		}
-		printJobs(e.stdout, jobs, now)
+		printJobs(e.stdout, jobs, now, e.width)
 		return nil
 	}
 	job := rest[0]
@@ -78,27 +81,43 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	if err != nil {
 		return c.explain(ctx, "jobs", err)
 	}
-	var skips []pglock.JobSkips
+	var status pglock.JobStatus
 	for _, j := range jobs {
 		if j.Job == job {
-			skips = j.Skips
+			status = j
 		}
 	}
-	if len(runs) == 0 && len(skips) == 0 {
+	if len(runs) == 0 && len(status.Skips) == 0 && len(status.Registrations) == 0 {
 		if *asJSON {
-			_ = writeJSON(e.stdout, jobRunsJSON{Job: job, Runs: []runJSON{}, Skips: []skipJSON{}}, false)
+			_ = writeJSON(e.stdout, jobRunsJSON{Job: job, Runs: []runJSON{}, Skips: []skipJSON{}, Registrations: []registrationJSON{}}, false)
 		}
-		return notFoundError("jobs: no runs of %q recorded (within the retention; pglock jobs lists the jobs that have some)", job)
+		return notFoundError("jobs: no job %q registered or recorded (within the retention)%s", job, didYouMean(jobs, job))
 	}
 	if *asJSON {
-		out := jobRunsJSON{Job: job, Runs: make([]runJSON, len(runs)), Skips: skipsJSON(skips)}
+		out := jobRunsJSON{Job: job, Runs: make([]runJSON, len(runs)), Skips: skipsJSON(status.Skips),
+			Registrations: registrationsJSON(status.Registrations)}
 		for i, r := range runs {
 			out.Runs[i] = toRunJSON(r)
 		}
 		return writeJSON(e.stdout, out, false)
 	}
-	printRuns(e.stdout, runs, skips, now)
+	printRuns(e.stdout, runs, status, now, e.width)
 	return nil
+}
+
+// didYouMean names the jobs whose key ends with ":name" or "/name", for a name that is
+// not a job's key: a gocron job named other than its pglock job's key.
+func didYouMean(jobs []pglock.JobStatus, name string) string {
+	var keys []string
+	for _, j := range jobs {
+		if strings.HasSuffix(j.Job, ":"+name) || strings.HasSuffix(j.Job, "/"+name) {
+			keys = append(keys, strconv.Quote(j.Job))
+		}
+	}
+	if len(keys) == 0 {
+		return ": pglock jobs lists them"
+	}
+	return ": did you mean " + strings.Join(keys, " or ") + "? (a job is named by its key)"
 }
 
 // now reads the database's clock, which the history's times are on.
@@ -108,24 +127,24 @@ func (c *conn) now(ctx context.Context) (time.Time, error) {
 	return now, err
 }
 
-// printJobs writes one line per job.
-func printJobs(w io.Writer, jobs []pglock.JobStatus, now time.Time) {
+// printJobs writes one line per job, in width columns.
+func printJobs(w io.Writer, jobs []pglock.JobStatus, now time.Time, width int) {
 	if len(jobs) == 0 {
-		fmt.Fprintln(w, "no job runs recorded (clients record them unless RunHistory(0); they are kept 7 days by default)")
+		fmt.Fprintln(w, "no jobs registered or recorded (clients record runs unless RunHistory(0); they are kept 7 days by default)")
 		return
 	}
-	t := newTable(w, "JOB", "LAST RUN (UTC)", "", "ON", "TOOK", "OUTCOME", "LAST FAILURE", "SKIPPED")
+	t := newTable(w, width, "JOB", "LAST RUN", "ON", "TOOK", "OUTCOME", "LAST FAILURE", "SKIPPED").
+		clip(5, 24).clip(6, 12).clip(0, 16)
 	for _, j := range jobs {
-		cells := []string{text(j.Job), "-", "", "-", "-", "-"}
+		cells := []string{text(j.Job), "never", "-", "-", "-"}
 		if r := j.LastRun; r != nil {
-			cells = []string{text(j.Job), stamp(r.Started), "(" + relative(r.Started.Sub(now)) + ")",
-				text(r.Instance), span(r.Ended.Sub(r.Started)), string(r.Outcome)}
+			cells = []string{text(j.Job), relative(r.Started.Sub(now)), text(r.Instance), span(r.Ended.Sub(r.Started)), string(r.Outcome)}
 		}
 		failure := "-"
 		if f := j.LastFailure; f != nil {
 			failure = relative(f.Started.Sub(now)) + " on " + text(f.Instance) + ", " + string(f.Outcome)
 			if f.Err != "" {
-				failure += ": " + text(clip(f.Err, 60))
+				failure += ": " + text(f.Err)
 			}
 		}
 		t.row(append(cells, failure, skipSummary(j.Skips))...)
@@ -154,23 +173,31 @@ func skipSummary(skips []pglock.JobSkips) string {
 	return strings.Join(parts, ", ")
 }
 
-// printRuns writes one job's runs, then its skips.
-func printRuns(w io.Writer, runs []pglock.JobRun, skips []pglock.JobSkips, now time.Time) {
+// printRuns writes one job's runs, its skips and its registrations, in width columns.
+func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.Time, width int) {
 	if len(runs) == 0 {
 		fmt.Fprintln(w, "no runs recorded (within the retention)")
 	} else {
-		t := newTable(w, "STARTED (UTC)", "", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR")
+		t := newTable(w, width, "STARTED (UTC)", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR").clip(5, 12).clip(1, 12)
 		for _, r := range runs {
-			t.row(stamp(r.Started), "("+relative(r.Started.Sub(now))+")", text(r.Instance),
-				strconv.FormatInt(r.Token, 10), span(r.Ended.Sub(r.Started)), string(r.Outcome), text(clip(r.Err, 100)))
+			t.row(stamp(r.Started), text(r.Instance), strconv.FormatInt(r.Token, 10), span(r.Ended.Sub(r.Started)),
+				string(r.Outcome), text(r.Err))
 		}
 		t.flush()
 	}
-	if len(skips) > 0 {
+	if len(j.Skips) > 0 {
 		fmt.Fprintln(w)
-		t := newTable(w, "SKIPPED ON", "REASON", "TICKS", "LAST (UTC)", "")
-		for _, s := range skips {
-			t.row(text(s.Instance), string(s.Reason), strconv.FormatInt(s.Count, 10), stamp(s.Last), "("+relative(s.Last.Sub(now))+")")
+		t := newTable(w, width, "SKIPPED ON", "REASON", "TICKS", "LAST").clip(0, 12)
+		for _, s := range j.Skips {
+			t.row(text(s.Instance), string(s.Reason), strconv.FormatInt(s.Count, 10), relative(s.Last.Sub(now)))
+		}
+		t.flush()
+	}
+	if len(j.Registrations) > 0 {
+		fmt.Fprintln(w)
+		t := newTable(w, width, "REGISTERED ON", "REGISTERED", "LAST SEEN").clip(0, 12)
+		for _, r := range j.Registrations {
+			t.row(text(r.Instance), relative(r.Registered.Sub(now)), relative(r.Seen.Sub(now)))
 		}
 		t.flush()
 	}
@@ -210,16 +237,32 @@ func skipsJSON(skips []pglock.JobSkips) []skipJSON {
 	return out
 }
 
+// registrationJSON is a job's registration by an instance.
+type registrationJSON struct {
+	Instance   string    `json:"instance"`
+	Registered time.Time `json:"registered"`
+	Seen       time.Time `json:"seen"`
+}
+
+func registrationsJSON(regs []pglock.Registration) []registrationJSON {
+	out := make([]registrationJSON, len(regs))
+	for i, r := range regs {
+		out[i] = registrationJSON{Instance: r.Instance, Registered: r.Registered.UTC(), Seen: r.Seen.UTC()}
+	}
+	return out
+}
+
 // jobJSON is a job in jobs -json.
 type jobJSON struct {
-	Job         string     `json:"job"`
-	LastRun     *runJSON   `json:"last_run"`     // null when none within the retention
-	LastFailure *runJSON   `json:"last_failure"` // null when none
-	Skips       []skipJSON `json:"skips"`
+	Job           string             `json:"job"`
+	LastRun       *runJSON           `json:"last_run"`     // null when none within the retention
+	LastFailure   *runJSON           `json:"last_failure"` // null when none
+	Skips         []skipJSON         `json:"skips"`
+	Registrations []registrationJSON `json:"registrations"` // the instances that registered it
 }
 
 func toJobJSON(j pglock.JobStatus) jobJSON {
-	out := jobJSON{Job: j.Job, Skips: skipsJSON(j.Skips)}
+	out := jobJSON{Job: j.Job, Skips: skipsJSON(j.Skips), Registrations: registrationsJSON(j.Registrations)}
 	if j.LastRun != nil {
 		r := toRunJSON(*j.LastRun)
 		out.LastRun = &r
@@ -233,7 +276,8 @@ func toJobJSON(j pglock.JobStatus) jobJSON {
 
 // jobRunsJSON is jobs JOB -json.
 type jobRunsJSON struct {
-	Job   string     `json:"job"`
-	Runs  []runJSON  `json:"runs"`
-	Skips []skipJSON `json:"skips"`
+	Job           string             `json:"job"`
+	Runs          []runJSON          `json:"runs"`
+	Skips         []skipJSON         `json:"skips"`
+	Registrations []registrationJSON `json:"registrations"`
 }

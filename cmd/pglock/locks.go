@@ -59,7 +59,7 @@ func runLocks(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 		if *asJSON {
 			return writeJSON(e.stdout, locksJSON(locks), false)
 		}
-		printLocks(e.stdout, locks, *prefix)
+		printLocks(e.stdout, locks, *prefix, e.width)
 		return nil
 	}
 	return c.watchLocks(ctx, *prefix, *asJSON)
@@ -101,7 +101,7 @@ func (c *conn) watchLocks(ctx context.Context, prefix string, asJSON bool) error
 			if err != nil {
 				fmt.Fprintln(&frame, err)
 			} else {
-				printLocks(&frame, locks, prefix)
+				printLocks(&frame, locks, prefix, c.e.width)
 			}
 			if !c.e.terminal {
 				frame.WriteString("\n")
@@ -125,8 +125,8 @@ func prefixNote(prefix string) string {
 	return " -prefix " + strconv.Quote(prefix)
 }
 
-// printLocks writes locks as an aligned table, and a count.
-func printLocks(w io.Writer, locks []pglock.LockInfo, prefix string) {
+// printLocks writes locks as an aligned table in width columns, and a count.
+func printLocks(w io.Writer, locks []pglock.LockInfo, prefix string, width int) {
 	if len(locks) == 0 {
 		if prefix != "" {
 			fmt.Fprintf(w, "no locks with prefix %s\n", strconv.Quote(prefix))
@@ -135,7 +135,7 @@ func printLocks(w io.Writer, locks []pglock.LockInfo, prefix string) {
 		}
 		return
 	}
-	t := newTable(w, "KEY", "OWNER", "TOKEN", "HELD", "EXPIRES (UTC)", "", "WAITING")
+	t := newTable(w, width, "KEY", "OWNER", "TOKEN", "HELD", "EXPIRES", "WAITING").clip(1, 12).clip(0, 16)
 	held, waiting := 0, 0
 	for _, l := range locks {
 		h, wt := "no", ""
@@ -147,7 +147,7 @@ func printLocks(w io.Writer, locks []pglock.LockInfo, prefix string) {
 			wt = "yes"
 			waiting++
 		}
-		t.row(text(l.Key), text(l.Owner), strconv.FormatInt(l.Token, 10), h, stamp(l.ExpiresAt), "("+relative(l.ExpiresIn)+")", wt)
+		t.row(text(l.Key), text(l.Owner), strconv.FormatInt(l.Token, 10), h, expiry(l), wt)
 	}
 	t.flush()
 	fmt.Fprintf(w, "%s, %d held, %d waited for\n", plural(len(locks), "lock"), held, waiting)
@@ -244,9 +244,9 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	if *asJSON {
 		return writeJSON(e.stdout, releaseJSON{Released: true, Lock: toLockJSON(info)}, false)
 	}
-	fmt.Fprintf(e.stdout, "released %q by force: owner %s, token %d, its lease due to end %s (%s)\n",
-		info.Key, text(info.Owner), info.Token, stamp(info.ExpiresAt), relative(info.ExpiresIn))
-	fmt.Fprintf(e.stdout, "Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than %d, so the old holder's fenced writes are refused.\n", info.Token)
+	fmt.Fprintln(e.stdout, wrap(fmt.Sprintf("released %q by force: owner %s, token %d, its lease due to end %s (%s).",
+		info.Key, text(info.Owner), info.Token, stamp(info.ExpiresAt), relative(info.ExpiresIn)), e.width))
+	fmt.Fprintln(e.stdout, wrap(fmt.Sprintf("Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than %d, so the old holder's fenced writes are refused.", info.Token), e.width))
 	return nil
 }
 
@@ -266,8 +266,8 @@ func (c *conn) wouldRelease(ctx context.Context, key string, asJSON bool) error 
 				return err
 			}
 		} else {
-			fmt.Fprintf(c.e.stdout, "would release %q: owner %s, token %d, its lease due to end %s (%s)\n",
-				l.Key, text(l.Owner), l.Token, stamp(l.ExpiresAt), relative(l.ExpiresIn))
+			fmt.Fprintln(c.e.stdout, wrap(fmt.Sprintf("would release %q: owner %s, token %d, its lease due to end %s (%s)",
+				l.Key, text(l.Owner), l.Token, stamp(l.ExpiresAt), relative(l.ExpiresIn)), c.e.width))
 		}
 		return usageError("release: -force is required to break %q: nothing changed", key)
 	}

@@ -27,7 +27,7 @@ const (
 	exitOK       = 0
 	exitFailure  = 1 // the server unreachable, the schema missing, a statement failed
 	exitUsage    = 2 // an unknown command or flag, a missing argument, release without -force
-	exitNotFound = 3 // release of a key nobody holds, jobs KEY without recorded runs
+	exitNotFound = 3 // release of a key nobody holds, jobs JOB neither registered nor recorded
 )
 
 func main() {
@@ -38,6 +38,7 @@ func main() {
 		stderr:   os.Stderr,
 		getenv:   os.Getenv,
 		terminal: isTerminal(os.Stdout),
+		width:    termWidth(os.Getenv, os.Stdout),
 	})
 	stop()
 	os.Exit(code)
@@ -49,6 +50,7 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	terminal       bool // stdout is a terminal: -watch redraws in place
+	width          int  // the columns output fits: COLUMNS, the terminal's, or defaultWidth
 
 	url     string
 	timeout time.Duration
@@ -70,7 +72,7 @@ type command struct {
 var commands []*command
 
 func init() {
-	commands = []*command{locksCommand, jobsCommand, releaseCommand, migrateCommand, sqlCommand, pruneCommand, uiCommand}
+	commands = []*command{locksCommand, jobsCommand, releaseCommand, migrateCommand, sqlCommand, pruneCommand, uiCommand, versionCommand}
 }
 
 func lookup(name string) *command {
@@ -116,8 +118,7 @@ func run(ctx context.Context, args []string, e *env) int {
 			e.usage(e.stdout)
 			return exitOK
 		}
-		fmt.Fprintf(e.stderr, "pglock: %v\n\n", err)
-		e.usage(e.stderr)
+		fmt.Fprintf(e.stderr, "pglock: %v (pglock -h)\n", err)
 		return exitUsage
 	}
 	if top.NArg() == 0 {
@@ -236,7 +237,8 @@ Exit codes:
   1  failure: PostgreSQL unreachable, schema pglock missing, a statement failed
   2  bad usage: an unknown command or flag, a missing argument, release
      without -force (nothing is changed)
-  3  not found: release of a key nobody holds, jobs KEY without recorded runs
+  3  not found: release of a key nobody holds, jobs JOB neither registered
+     nor recorded
 
 Examples:
   pglock locks -prefix orders:

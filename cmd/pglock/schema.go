@@ -191,7 +191,7 @@ func (s status) print(e *env) {
 		fmt.Fprintf(w, "schema pglock at version %d of %d%s, %s pending\n", s.Schema.Version, latest, dirty, plural(s.pending(), "migration"))
 	}
 	fmt.Fprintln(w)
-	t := newTable(w, "VERSION", "NAME", "STATE")
+	t := newTable(w, 0, "VERSION", "NAME", "STATE")
 	for _, m := range s.Migrations {
 		state := "pending"
 		switch {

@@ -7,8 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/pglockmetrics"
@@ -25,6 +27,9 @@ type Metrics struct {
 	handler  http.Handler
 }
 
+// ServiceName is the shop's OpenTelemetry service.name.
+const ServiceName = "shop"
+
 // NewMetrics returns an instance's telemetry. Give EventHandler to the instance's
 // pglock client, Metrics to its Config, and Shutdown it after the client's Close.
 func NewMetrics() (*Metrics, error) {
@@ -33,7 +38,13 @@ func NewMetrics() (*Metrics, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shop: metrics exporter: %w", err)
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	// The service's name, which target_info carries: without it, it would be
+	// unknown_service:<the binary's name>.
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", ServiceName)))
+	if err != nil {
+		return nil, fmt.Errorf("shop: metrics resource: %w", err)
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res))
 	m, err := pglockmetrics.New(provider)
 	if err != nil {
 		_ = provider.Shutdown(context.Background())

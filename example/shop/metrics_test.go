@@ -66,18 +66,25 @@ func TestMetricsEndpointServesPglockMetricsInPrometheusFormat(t *testing.T) {
 		// The reconciliation's run: its lease, its run lock; the export's run lock.
 		`(?m)^pglock_acquisitions_total\{[^}]*outcome="acquired"[^}]*\} 3$`,
 		`(?m)^pglock_releases_total\{[^}]*\} 2$`,
-		`(?m)^pglock_job_runs_total\{[^}]*job="inventory:stock-reconciliation"[^}]*outcome="ok"[^}]*\} 1$`,
-		`(?m)^pglock_job_duration_seconds_count\{[^}]*job="inventory:stock-reconciliation"[^}]*\} 1$`,
+		`(?m)^pglock_job_runs_total\{[^}]*outcome="ok"[^}]*pglock_job_name="inventory:stock-reconciliation"[^}]*\} 1$`,
+		`(?m)^pglock_job_duration_seconds_count\{[^}]*pglock_job_name="inventory:stock-reconciliation"[^}]*\} 1$`,
 		`(?m)^pglock_acquire_duration_seconds_bucket\{[^}]*le="\+Inf"[^}]*\} 3$`,
 		`(?m)^pglock_acquire_wait_seconds_count\{[^}]*outcome="acquired"[^}]*\} 3$`,
 		`(?m)^pglock_locks_held\{[^}]*\} 1$`, // the reconciliation's lease, kept between ticks
 		`(?m)^pglock_elections_led\{[^}]*\} 0$`,
 		`(?m)^# TYPE pglock_acquisitions_total counter$`,
 		`(?m)^# TYPE pglock_acquire_duration_seconds histogram$`,
+		`(?m)^target_info\{[^}]*service_name="shop"[^}]*\} 1$`, // not unknown_service
+		`(?m)^pglock_locks_lost_total\{[^}]*reason="expired"[^}]*\} 0$`,
+		`(?m)^pglock_renewal_failures_total\{[^}]*\} 0$`,
+		`(?m)^pglock_job_runs_total\{[^}]*outcome="error"[^}]*pglock_job_name="invoices:nightly-export"[^}]*\} 0$`,
 	} {
 		require.Regexp(t, want, body)
 	}
-	require.NotContains(t, body, shop.InvoiceExportKey, "a lock's key is never a label; the export ran outside its job")
+	// A lock's key is never a label: the export ran outside its job (its series, from
+	// its registration, stay at 0).
+	require.NotRegexp(t, `(?m)^pglock_job_runs_total\{[^}]*pglock_job_name="`+shop.InvoiceExportKey+`"[^}]*\} [1-9]`, body)
+	require.NotRegexp(t, `(?m)^pglock_acquisitions_total\{[^}]*`+shop.InvoiceExportKey, body)
 	require.NotContains(t, body, "key=")
 }
 

@@ -155,8 +155,8 @@ func New(cfg Config) (*Shop, error) {
 		field, expr, name string
 		run               func(ctx context.Context) error
 	}{
-		{"InvoiceExportCron", exportCron, "invoice-export", func(ctx context.Context) error { return s.export.Run(ctx) }},
-		{"StockReconciliationCron", cmp.Or(cfg.StockReconciliationCron, DefaultStockReconciliationCron), "stock-reconciliation",
+		{"InvoiceExportCron", exportCron, InvoiceExportKey, func(ctx context.Context) error { return s.export.Run(ctx) }},
+		{"StockReconciliationCron", cmp.Or(cfg.StockReconciliationCron, DefaultStockReconciliationCron), StockReconciliationKey,
 			func(ctx context.Context) error { return s.reconcile.Run(ctx) }},
 	}
 	for _, c := range crons {

@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/example/shop"
 )
 
 func TestTableFitsInTheWidth(t *testing.T) {
@@ -89,4 +91,20 @@ func TestWrapBreaksAtSpacesUnderTheIndent(t *testing.T) {
 	}
 	require.Equal(t, 6, hangingIndent("== 1. Start"))
 	require.Equal(t, 5, hangingIndent("   ✘ step"))
+}
+
+// A lock released long ago shows when it ended, never a negative time to its expiry.
+func TestExpiresSaysWhenALeaseEnded(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		row  shop.LockRow
+		want string
+	}{
+		{shop.LockRow{Owner: "a/1", Held: true, ExpiresIn: "26.027s"}, "in 26.027s"},
+		{shop.LockRow{ExpiresIn: "-36m10.013s"}, "released 36m10s ago"},
+		{shop.LockRow{Owner: "a/1", ExpiresIn: "-2.4s"}, "expired 2s ago"},
+		{shop.LockRow{ExpiresIn: "bogus"}, "released"},
+	} {
+		require.Equal(t, tc.want, expires(tc.row))
+	}
 }

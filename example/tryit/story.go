@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -202,11 +201,11 @@ func (d *demo) locksTable(ctx context.Context, i *instance, owner int) error {
 		d.record("the locks table", "200 and the table", fmt.Sprintf("%d %s", status, body), false)
 		return nil
 	}
-	cells := [][]string{{"KEY", "OWNER", "TOKEN", "EXPIRES IN"}}
+	cells := [][]string{{"KEY", "OWNER", "TOKEN", "EXPIRES"}}
 	held := map[string]int{}
 	for _, r := range rows {
-		cells = append(cells, []string{r.Key, r.Owner, fmt.Sprint(r.Token), r.ExpiresIn})
-		if r.Owner != "" && !strings.HasPrefix(r.ExpiresIn, "-") {
+		cells = append(cells, []string{r.Key, r.Owner, fmt.Sprint(r.Token), expires(r)})
+		if r.Held {
 			held[r.Key] = ownerPort(r.Owner)
 		}
 	}
@@ -215,6 +214,23 @@ func (d *demo) locksTable(ctx context.Context, i *instance, owner int) error {
 		fmt.Sprintf("%d rows; feed %s, lease %s", len(rows), port(held[shop.WarehouseFeedKey]), port(held[leaseKey])),
 		held[shop.WarehouseFeedKey] == owner && held[leaseKey] == owner)
 	return nil
+}
+
+// expires says when r's lease ends, or when it ended: "in 26.027s", "released 36m10s
+// ago" (no owner), "expired 2s ago".
+func expires(r shop.LockRow) string {
+	if r.Held {
+		return "in " + r.ExpiresIn
+	}
+	ended := "expired"
+	if r.Owner == "" {
+		ended = "released"
+	}
+	d, err := time.ParseDuration(r.ExpiresIn)
+	if err != nil {
+		return ended
+	}
+	return ended + " " + (-d).Round(time.Second).String() + " ago"
 }
 
 // twoExports sends POST /admin/invoice-exports to a and b at once.

@@ -36,6 +36,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -71,10 +72,17 @@ type config struct {
 }
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "shop:", err)
-		os.Exit(1)
+	os.Exit(exitCode(run(os.Args[1:]), os.Stderr))
+}
+
+// exitCode is the shop's exit code after run returned err, which it prints: 0 when
+// nothing went wrong or -h printed the usage.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintln(stderr, "shop:", err)
+	return 1
 }
 
 func parse(args []string) (config, error) {
@@ -98,7 +106,13 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.stockReconciliationCron, "stock-reconciliation-cron", os.Getenv("STOCK_RECONCILIATION_CRON"), "the stock reconciliation's schedule (env STOCK_RECONCILIATION_CRON)")
 	fs.DurationVar(&c.ttl, "ttl", ttl, "the locks' ttl (env LOCK_TTL)")
 	fs.TextVar(&c.logLevel, "log-level", c.logLevel, "debug, info, warn or error (env LOG_LEVEL)")
+	fs.SetOutput(io.Discard) // a bad flag is one line, from main
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(os.Stdout, "Usage: shop [flags]\n\nThe example shop: an HTTP API on pglock's locks, jobs and election (see its README).\n\nFlags:\n")
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+		}
 		return c, err
 	}
 	c.databaseFrom = "DATABASE_URL"

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"flag"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -36,4 +38,16 @@ func TestRefusesABadConfigBeforeStarting(t *testing.T) {
 			require.ErrorContains(t, err, c.want)
 		})
 	}
+}
+
+// -h prints the usage and exits 0; a bad flag is one line and exits 1.
+func TestHelpExitsZero(t *testing.T) {
+	t.Setenv("ADMIN_TOKEN", "s3cret")
+	err := run([]string{"-h"})
+	require.ErrorIs(t, err, flag.ErrHelp)
+	var stderr strings.Builder
+	require.Equal(t, 0, exitCode(err, &stderr))
+	require.Empty(t, stderr.String())
+	require.Equal(t, 1, exitCode(run([]string{"-colour"}), &stderr))
+	require.Equal(t, "shop: flag provided but not defined: -colour\n", stderr.String())
 }

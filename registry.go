@@ -1,0 +1,207 @@
+package pglock
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The registry: the jobs and elections clients registered, kept in the store so that an
+// operator finds a job before its first run and every election with its leader
+// (JobStatuses, Elections). A client writes its registrations in the background, one
+// statement at registration and one every registryRefresh, never on a caller's path.
+
+const (
+	// registryRefresh is how often a client tells the store that its registrations
+	// are still there (Registration.Seen).
+	registryRefresh = 5 * time.Minute
+	// registryBatch is the most keys one registry write carries.
+	registryBatch = 1000
+)
+
+// Registry kinds: the kind column of pglock.registry.
+const (
+	kindJob      = "job"
+	kindElection = "election"
+)
+
+// Registration says that an instance registered a job or an election (Client.Job,
+// Elect, a GocronLocker's first Lock of a job, GocronElector), as the store keeps it.
+// An instance refreshes its registrations every 5 minutes while its client is open;
+// the store forgets those not seen for 7 days.
+type Registration struct {
+	Instance   string    // the instance's name (WithInstanceName)
+	Registered time.Time // its last registration by that instance, on the store's clock
+	Seen       time.Time // its last refresh by that instance, on the store's clock
+}
+
+// registryEntry is one registration of this client.
+type registryEntry struct{ kind, key string }
+
+// registryRow is one registration as the store lists it.
+type registryRow struct {
+	key string
+	Registration
+}
+
+// Elections returns every election registered in the store (by Elect or GocronElector,
+// on any instance, not forgotten: see Registration), sorted by key, each as a LockInfo
+// of its key as Election.Leader reads it: Held with the leader's Owner, Instance,
+// Token and expiry, or Held false and every field but Key zero when nobody leads. ctx
+// bounds the store call. Errors: an error wrapping errors.ErrUnsupported on a type
+// that embeds a Store, or the store's error. It is safe for concurrent use.
+func (c *Client) Elections(ctx context.Context) ([]LockInfo, error) {
+	b, err := c.backend("list elections", "keeps no registry")
+	if err != nil {
+		return nil, err
+	}
+	return b.elections(ctx)
+}
+
+// registered queues what a Job, Elect, GocronElector or GocronLocker job registered
+// for the store, and for a job emits EventJobRegistered.
+func (c *Client) registered(kind, key string) {
+	c.registry.add(registryEntry{kind, key})
+	if kind == kindJob {
+		c.emit(EventJobRegistered, key, nil, "", nil)
+	}
+}
+
+// registry writes a client's registrations to its store in the background, on a
+// goroutine started at the first one. Its methods do nothing on a nil registry (a
+// type that embeds a Store).
+type registry struct {
+	store    backend
+	logger   *slog.Logger
+	instance string
+	ctx      context.Context // the writes'; cancelled when Close stops waiting
+	cancel   context.CancelFunc
+
+	mu      sync.Mutex
+	entries map[registryEntry]struct{} // refreshed every registryRefresh
+	pending []registryEntry            // to register
+	started bool
+	closed  bool
+	wake    chan struct{} // buffered 1
+	done    chan struct{} // closed when the writer ends
+}
+
+func newRegistry(store Store, logger *slog.Logger, instance string) *registry {
+	b, ok := store.(backend)
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &registry{store: b, logger: logger, instance: instance, ctx: ctx, cancel: cancel,
+		entries: make(map[registryEntry]struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+func (r *registry) add(e registryEntry) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	r.entries[e] = struct{}{}
+	r.pending = append(r.pending, e)
+	if !r.started {
+		r.started = true
+		go r.write()
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// remove stops refreshing e (a resigned election); the store keeps it until it is
+// forgotten, as the registration of an instance that is gone.
+func (r *registry) remove(e registryEntry) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	delete(r.entries, e)
+	r.mu.Unlock()
+}
+
+// write is the writer: it registers what is pending, and refreshes every entry each
+// registryRefresh, until Close.
+func (r *registry) write() {
+	defer close(r.done)
+	refresh := time.NewTimer(registryRefresh)
+	defer refresh.Stop()
+	for {
+		r.mu.Lock()
+		pending, closed := r.pending, r.closed
+		r.pending = nil
+		r.mu.Unlock()
+		if r.ctx.Err() != nil {
+			return
+		}
+		if len(pending) > 0 {
+			r.touch(pending, true)
+			continue
+		}
+		if closed {
+			return
+		}
+		select {
+		case <-r.wake:
+		case <-refresh.C:
+			r.mu.Lock()
+			all := make([]registryEntry, 0, len(r.entries))
+			for e := range r.entries {
+				all = append(all, e)
+			}
+			r.mu.Unlock()
+			r.touch(all, false)
+			refresh.Reset(registryRefresh)
+		}
+	}
+}
+
+// touch writes entries, one statement per kind and batch of keys.
+func (r *registry) touch(entries []registryEntry, registering bool) {
+	byKind := map[string][]string{}
+	for _, e := range entries {
+		byKind[e.kind] = append(byKind[e.kind], e.key)
+	}
+	for kind, keys := range byKind {
+		slices.Sort(keys)
+		for batch := range slices.Chunk(slices.Compact(keys), registryBatch) {
+			ctx, cancel := context.WithTimeout(r.ctx, storeTimeout)
+			err := r.store.registryTouch(ctx, kind, batch, r.instance, registering)
+			cancel()
+			if err != nil {
+				r.logger.Warn("pglock: registry not written", slog.String("key", batch[0]), slog.Int("keys", len(batch)),
+					slog.Any("err", err))
+			}
+		}
+	}
+}
+
+// close is Close's step: it writes the registrations pending, until ctx ends.
+func (r *registry) close(ctx context.Context) error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	r.closed = true
+	started := r.started
+	r.mu.Unlock()
+	defer r.cancel()
+	if !started {
+		return nil
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+	return waitDone(ctx, r.done)
+}

@@ -1,0 +1,133 @@
+package pglock
+
+import (
+	"context"
+	"database/sql"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The stores' side of the registry (registry.go): pglock.registry (000016).
+
+func (s *postgresStore) registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error {
+	var written sql.NullInt64
+	if err := s.queryRow(ctx, `SELECT pglock.registry_touch($1, $2, $3, $4)`, kind, s.array(keys), instance, registering).
+		Scan(&written); err != nil {
+		return storeError(err, "register %d %ss", len(keys), kind)
+	}
+	return nil
+}
+
+// registrations returns the registrations of kind, by key then instance.
+func (s *postgresStore) registrations(ctx context.Context, kind string) ([]registryRow, error) {
+	var out []registryRow
+	err := s.queryRows(ctx, `SELECT key, instance, registered_at, seen_at FROM pglock.registry_list($1)`, []any{kind},
+		func(r scanner) error {
+			var row registryRow
+			if err := r.Scan(&row.key, &row.Instance, &row.Registered, &row.Seen); err != nil {
+				return err
+			}
+			out = append(out, row)
+			return nil
+		})
+	if err != nil {
+		return nil, storeError(err, "list the registered %ss", kind)
+	}
+	return out, nil
+}
+
+func (s *postgresStore) elections(ctx context.Context) ([]LockInfo, error) {
+	out := []LockInfo{}
+	err := s.queryRows(ctx, `SELECT e.key, h.owner, h.fencing_token, h.expires_in_us, clock_timestamp()
+		FROM (SELECT DISTINCT r.key FROM pglock.registry_list('election') r) e
+		CROSS JOIN LATERAL pglock.lock_holder(e.key) h`, nil, func(r scanner) error {
+		var l LockInfo
+		var owner sql.NullString
+		var token, expiresInUS sql.NullInt64
+		var readAt time.Time
+		if err := r.Scan(&l.Key, &owner, &token, &expiresInUS, &readAt); err != nil {
+			return err
+		}
+		if owner.Valid {
+			in := time.Duration(expiresInUS.Int64) * time.Microsecond
+			l.Owner, l.Instance, l.Token, l.Held, l.ExpiresAt, l.ExpiresIn = owner.String, instanceOf(owner.String),
+				token.Int64, true, readAt.Add(in), in
+		}
+		out = append(out, l)
+		return nil
+	})
+	if err != nil {
+		return nil, storeError(err, "list elections")
+	}
+	sortLocks(out)
+	return out, nil
+}
+
+// memoryRegistry is the memory store's registry. Its zero value is ready.
+type memoryRegistry struct {
+	mu   sync.Mutex
+	rows map[registryEntry]map[string]Registration // by instance
+}
+
+func (s *memoryStore) registryTouch(_ context.Context, kind string, keys []string, instance string, registering bool) error {
+	now := s.clock.Now()
+	g := &s.registry
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.rows == nil {
+		g.rows = make(map[registryEntry]map[string]Registration)
+	}
+	for _, key := range keys {
+		e := registryEntry{kind, key}
+		if g.rows[e] == nil {
+			g.rows[e] = make(map[string]Registration)
+		}
+		r, ok := g.rows[e][instance]
+		if !ok || registering {
+			r = Registration{Instance: instance, Registered: now}
+		}
+		r.Seen = now
+		g.rows[e][instance] = r
+	}
+	return nil
+}
+
+func (s *memoryStore) registrations(_ context.Context, kind string) ([]registryRow, error) {
+	g := &s.registry
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []registryRow
+	for e, byInstance := range g.rows {
+		if e.kind != kind {
+			continue
+		}
+		for _, r := range byInstance {
+			out = append(out, registryRow{key: e.key, Registration: r})
+		}
+	}
+	slices.SortFunc(out, func(a, b registryRow) int {
+		if c := strings.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Instance, b.Instance)
+	})
+	return out, nil
+}
+
+func (s *memoryStore) elections(ctx context.Context) ([]LockInfo, error) {
+	rows, _ := s.registrations(ctx, kindElection)
+	out := []LockInfo{}
+	for _, r := range rows {
+		if len(out) > 0 && out[len(out)-1].Key == r.key {
+			continue
+		}
+		l, err := s.holder(ctx, r.key)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
