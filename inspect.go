@@ -13,7 +13,11 @@ import (
 // the PostgreSQL store): what Client.Locks lists, Client.ForceRelease broke and
 // Election.Leader reads.
 type LockInfo struct {
+	// Key is the lock's key; for a permit, its semaphore's key.
 	Key string
+	// Permit is the permit's number (1 to the semaphore's permits) for a permit of a
+	// semaphore, 0 for a lock.
+	Permit int
 	// Owner is the owner id of the last acquisition ("<instance>/<suffix>"), kept
 	// after the lease expired; "" once released (or force-released).
 	Owner string
