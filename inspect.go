@@ -99,19 +99,29 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error)
 	if err := checkKey(key); err != nil {
 		return LockInfo{}, err
 	}
+	return c.forceRelease(ctx, key)
+}
+
+// forceRelease is ForceRelease on a lock's key or a permit's row key.
+func (c *Client) forceRelease(ctx context.Context, rowKey string) (LockInfo, error) {
+	key, permit := splitPermitKey(rowKey)
 	b, err := c.backend("force release", "cannot break a lock")
 	if err != nil {
 		return LockInfo{}, err
 	}
-	info, err := b.forceRelease(ctx, key)
+	info, err := b.forceRelease(ctx, rowKey)
 	if err != nil {
 		return LockInfo{}, err
+	}
+	if !info.Held && permit > 0 {
+		return LockInfo{}, fmt.Errorf("%w: permit %d of %q has no live holder", ErrNotHeld, permit, key)
 	}
 	if !info.Held {
 		return LockInfo{}, fmt.Errorf("%w: %q has no live holder", ErrNotHeld, key)
 	}
-	c.logger.LogAttrs(ctx, slog.LevelWarn, "pglock: lock force-released",
-		slog.String("key", key), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
+	info.Key, info.Permit = key, permit
+	c.logger.LogAttrs(ctx, slog.LevelWarn, "pglock: lock force-released", slog.String("key", key),
+		slog.Int("permit", permit), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
 	return info, nil
 }
 
