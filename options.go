@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -14,8 +15,11 @@ import (
 
 // Limits on what a Client accepts.
 const (
-	// MaxKeyLength is the longest key, in characters (runes).
+	// MaxKeyLength is the longest key, in characters (runes). A semaphore's key is at
+	// most MaxKeyLength-5 (see Client.Semaphore).
 	MaxKeyLength = 500
+	// MaxPermits is the most permits a semaphore has (see Client.Semaphore).
+	MaxPermits = 1000
 	// MinTTL and MaxTTL bound every ttl: the store counts in whole milliseconds, and a
 	// lease longer than a year is a configuration mistake.
 	MinTTL = time.Millisecond
@@ -272,7 +276,8 @@ func checkTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
-// checkKey returns an error wrapping ErrInvalidKey for a key no store should see.
+// checkKey returns an error wrapping ErrInvalidKey for a key no store should see, or
+// one with U+001F, which would make it a permit's row key (see permitKey).
 func checkKey(key string) error {
 	switch {
 	case key == "":
@@ -281,8 +286,19 @@ func checkKey(key string) error {
 		return fmt.Errorf("%w: %q is not valid UTF-8 or contains a NUL byte", ErrInvalidKey, key)
 	case utf8.RuneCountInString(key) > MaxKeyLength:
 		return fmt.Errorf("%w: %d characters, the most is %d", ErrInvalidKey, utf8.RuneCountInString(key), MaxKeyLength)
+	case strings.Contains(key, permitSeparator):
+		return fmt.Errorf("%w: %q contains U+001F, which separates a semaphore's key from a permit's number", ErrInvalidKey, key)
 	}
 	return nil
+}
+
+// checkStoreKey is checkKey for a store call, which is given a lock's key or a
+// permit's row key.
+func checkStoreKey(key string) error {
+	if sem, permit := splitPermitKey(key); permit > 0 {
+		return checkSemaphore(sem, permit)
+	}
+	return checkKey(key)
 }
 
 func validText(s string) bool {
@@ -294,9 +310,17 @@ func validText(s string) bool {
 	return utf8.ValidString(s)
 }
 
+// checkSemCall is checkCall for a call on a semaphore.
+func checkSemCall(key, owner string, ttl time.Duration, permits int) error {
+	if err := checkSemaphore(key, permits); err != nil {
+		return err
+	}
+	return checkCall(key, owner, ttl)
+}
+
 // checkCall is the stores' argument check: what a client would never send.
 func checkCall(key, owner string, ttl time.Duration) error {
-	if err := checkKey(key); err != nil {
+	if err := checkStoreKey(key); err != nil {
 		return err
 	}
 	if owner == "" || !validText(owner) {
