@@ -81,8 +81,8 @@ func TestTortureFailover(t *testing.T) {
 
 // TestTortureMutation runs the torture test with an old behaviour restored
 // (PGLOCK_TORTURE_MUTATE=old-close, old-renewal, old-acquire, old-deadline, or
-// old-tokens, which runs across asynchronous failovers) and only the fault that walks
-// its path, for 30 s, and requires the invariant the mutation names to fail: the
+// old-tokens, which runs across asynchronous failovers), or the semaphore's
+// count-then-take, and only the fault that walks its path, for 30 s, and requires the invariant the mutation names to fail: the
 // checker sees it in a real run, not only in the histories of
 // TestCheckerCatchesTheOldBehaviours. It runs only when asked.
 func TestTortureMutation(t *testing.T) {
