@@ -22,8 +22,9 @@ var (
 	// ErrResigned: the context.Cause of a leader's OnAcquired context after
 	// Election.Resign.
 	ErrResigned = errors.New("pglock: resigned from the election")
-	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters, not valid
-	// UTF-8, or contains a NUL byte.
+	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters (a
+	// semaphore's, MaxKeyLength-5), not valid UTF-8, or contains a NUL byte or U+001F
+	// (which separates a semaphore's key from a permit's number in the store).
 	ErrInvalidKey = errors.New("pglock: invalid key")
 	// ErrInvalidArgument: an option, a duration or a function argument is out of range
 	// or nil. The error's text names the argument.

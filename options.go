@@ -310,6 +310,15 @@ func validText(s string) bool {
 	return utf8.ValidString(s)
 }
 
+// checkAcquire is checkCall for an acquisition of a lock's key: a permit's row key is
+// taken only through its semaphore (semAcquire), never as a lock.
+func checkAcquire(key, owner string, ttl time.Duration) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	return checkCall(key, owner, ttl)
+}
+
 // checkSemCall is checkCall for a call on a semaphore.
 func checkSemCall(key, owner string, ttl time.Duration, permits int) error {
 	if err := checkSemaphore(key, permits); err != nil {
