@@ -65,6 +65,9 @@ const (
 	// ReasonRunInProgress: a tick was skipped because a run of the job still holds its
 	// run lock (WithoutOverlapping), on this instance or another.
 	ReasonRunInProgress Reason = "run-in-progress"
+	// ReasonLimitReached: a tick was skipped because AtMost(n) runs of the job were in
+	// progress, on this instance or others: the n permits of its semaphore were held.
+	ReasonLimitReached Reason = "limit-reached"
 	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
 	// error or panicked; the instance campaigns again after ttl/3.
 	ReasonOnAcquiredFailed Reason = "on-acquired-failed"
