@@ -40,8 +40,8 @@ type ClientOption interface{ clientOption() option }
 // AcquireOption configures Acquire and WithLock. The AcquireOptions are TTL and Wait.
 type AcquireOption interface{ acquireOption() option }
 
-// JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping
-// and TTL.
+// JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping,
+// AtMost and TTL.
 type JobOption interface{ jobOption() option }
 
 // Option is an option that every call takes: a ClientOption, an AcquireOption and a
@@ -90,6 +90,7 @@ type settings struct {
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
+	atMost             int           // AtMost's; 0: none
 	runRetention       time.Duration // RunHistory's; 0: off
 }
 
@@ -260,6 +261,26 @@ func WithoutOverlapping() JobOption {
 	}}
 }
 
+// AtMost lets up to n runs of the job be in progress at once across the fleet: a run
+// holds a permit of the semaphore of the job's key with n permits (see
+// Client.Semaphore), renewed, from its start to its end, and a tick that finds all n
+// permits held is skipped (ReasonLimitReached), on this instance or any other. Inside
+// fn, FromContext returns the permit, whose Token fences fn's writes (give each permit
+// rows of its own: Lock.Permit). n is 1 to MaxPermits (ErrInvalidArgument). It goes
+// alone: with WithoutOverlapping it would ask for two run limits at once (AtMost(1) is
+// "one run at a time"), and with OnOneInstance for runs on one instance only, where a
+// limit across the fleet means nothing; Client.Job refuses both with
+// ErrInvalidArgument. It is a JobOption: Client.Job takes it.
+func AtMost(n int) JobOption {
+	return jobOpt{name: "AtMost", apply: func(s *settings) error {
+		if n < 1 || n > MaxPermits {
+			return fmt.Errorf("%d runs: want 1 to %d", n, MaxPermits)
+		}
+		s.atMost = n
+		return nil
+	}}
+}
+
 func defaultInstanceName() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -308,6 +329,15 @@ func validText(s string) bool {
 		}
 	}
 	return utf8.ValidString(s)
+}
+
+// checkAcquire is checkCall for an acquisition of a lock's key: a permit's row key is
+// taken only through its semaphore (semAcquire), never as a lock.
+func checkAcquire(key, owner string, ttl time.Duration) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	return checkCall(key, owner, ttl)
 }
 
 // checkSemCall is checkCall for a call on a semaphore.

@@ -401,3 +401,79 @@ func TestSemaphoreForceRelease(t *testing.T) {
 		})
 	}
 }
+
+// TestJobAtMost: three instances tick a job limited to two runs at once; two run, the
+// third skips its tick (ReasonLimitReached, in events and skip counts), each run holds
+// a permit (FromContext), and the run history records the permits' tokens.
+func TestJobAtMost(t *testing.T) {
+	t.Parallel()
+	pool := pglocktest.Postgres(t)
+	ctx := t.Context()
+	const job = "invoice-export"
+	events := &eventLog{}
+	release := make(chan struct{})
+	running := make(chan *pglock.Lock, 3)
+	var jobs []*pglock.Job
+	var clients []*pglock.Client
+	for _, name := range []string{"api-1", "api-2", "api-3"} {
+		c := historyClient(t, pool, name, pglock.WithEventHandler(events.record))
+		j, err := c.Job(job, func(ctx context.Context) error {
+			l, ok := pglock.FromContext(ctx)
+			if !ok {
+				return errors.New("no permit in the run's ctx")
+			}
+			running <- l
+			<-release
+			return nil
+		}, pglock.AtMost(2))
+		require.NoError(t, err)
+		jobs, clients = append(jobs, j), append(clients, c)
+	}
+	var wg sync.WaitGroup
+	for _, j := range jobs[:2] {
+		wg.Go(func() { require.NoError(t, j.Run(ctx)) })
+	}
+	permits := []*pglock.Lock{receive(t, running, "a run"), receive(t, running, "a second run")}
+	require.NoError(t, jobs[2].Run(ctx), "a skipped tick")
+	requireEvents(t, events, 1, pglock.EventJobSkipped, job, pglock.ReasonLimitReached)
+	require.ElementsMatch(t, []int{1, 2}, []int{permits[0].Permit(), permits[1].Permit()})
+	close(release)
+	wg.Wait()
+	for _, c := range clients {
+		require.NoError(t, c.Close(ctx)) // writes what is pending
+	}
+	runs, err := clients[0].JobRuns(ctx, job, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	require.ElementsMatch(t, []int64{permits[0].Token(), permits[1].Token()}, []int64{runs[0].Token, runs[1].Token})
+	statuses, err := clients[0].JobStatuses(ctx)
+	require.NoError(t, err)
+	require.Len(t, statuses, 1)
+	require.Equal(t, []pglock.JobSkips{{Instance: "api-3", Reason: pglock.ReasonLimitReached, Count: 1, Last: statuses[0].Skips[0].Last}}, statuses[0].Skips)
+}
+
+// TestJobAtMostBadInput: AtMost out of range, or beside WithoutOverlapping or
+// OnOneInstance, is refused and registers nothing.
+func TestJobAtMostBadInput(t *testing.T) {
+	t.Parallel()
+	c := newClient(t, pglock.NewMemoryStore(nil), quiet)
+	fn := func(context.Context) error { return nil }
+	for _, tc := range []struct {
+		name string
+		opts []pglock.JobOption
+	}{
+		{"zero", []pglock.JobOption{pglock.AtMost(0)}},
+		{"negative", []pglock.JobOption{pglock.AtMost(-2)}},
+		{"over MaxPermits", []pglock.JobOption{pglock.AtMost(pglock.MaxPermits + 1)}},
+		{"with WithoutOverlapping", []pglock.JobOption{pglock.AtMost(2), pglock.WithoutOverlapping()}},
+		{"with OnOneInstance", []pglock.JobOption{pglock.OnOneInstance(), pglock.AtMost(2)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Job("limited", fn, tc.opts...)
+			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
+			require.Contains(t, err.Error(), "AtMost")
+		})
+	}
+	_, err := c.Job("limited", fn, pglock.AtMost(pglock.MaxPermits))
+	require.NoError(t, err, "the key was left free")
+}

@@ -45,7 +45,7 @@ func (s *memoryStore) live(key, owner string) *memoryLock {
 }
 
 func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, err
 	}
 	s.mu.Lock()

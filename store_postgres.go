@@ -338,7 +338,7 @@ type errScanner struct{ err error }
 func (e errScanner) Scan(...any) error { return e.err }
 
 func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, err
 	}
 	var token sql.NullInt64
@@ -349,7 +349,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 }
 
 func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, false, err
 	}
 	if s.inTx != nil && s.inTx() {

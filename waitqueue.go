@@ -50,7 +50,7 @@ type waiter struct {
 	// any of its permits wakes it (listener.released); permits is 0 for a lock.
 	sem     string
 	permits int
-	ch  chan struct{} // nil until the first want
+	ch      chan struct{} // nil until the first want
 	// The key's row carries this waiter's mark while markedAt == wakes+1, and a
 	// further want then needs no round trip. A release clears the mark and notifies,
 	// and a reconnection may have missed that: both count a wake (signal), which also
