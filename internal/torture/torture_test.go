@@ -727,3 +727,36 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	require.Equal(t, 1, r.Violations[invGhost], "a hand-back that waited for a connection: %v", r.Details)
 	require.Contains(t, r.Details[invGhost][0], "waited 1.09s for a connection")
 }
+
+// A permit granted to an acquisition abandoned in flight is a ghost like a lock's: its
+// evidence is the semaphore's calls (sem_acquire's WAL waits, the sem_release that
+// hands back a permit of unknown number), and permit leases are counted under invariant 8.
+func TestCheckerWeighsAPermitGhostsEvidence(t *testing.T) {
+	t.Parallel()
+	ghost := func() *History {
+		h := baseline()
+		h.Leases = append(h.Leases, LeaseRow{ID: 100, Key: permitRowKey(semKey, 2), Owner: "w2.1/p", Token: 60, ExpiresAt: at(3000), At: at(2000)})
+		return h
+	}
+	h := ghost()
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "sem_release", Key: semKey, Owner: "w2.1/p",
+		Pool: at(2010), Start: at(3100), Local: at(3150)})
+	r := check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "%v", r.Details)
+	require.Contains(t, r.Details[invGhost][0], "the hand-back: sem_release asked the pool at")
+
+	h = ghost()
+	q := "SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"
+	h.Waits = []Wait{{At: at(2000), Worker: "w2.1", PID: 7, Type: "IO", Event: "WALSync", Query: q, Since: at(1995)},
+		{At: at(2980), Worker: "w2.1", PID: 7, Type: "LWLock", Event: "WALWrite", Query: q, Since: at(1995)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the acquisition's commit waited for the WAL flush past the expiry: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+}
+
+func TestPglockCallNamesTheSemaphoresCalls(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "sem_acquire", pglockCall("SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"))
+	require.Equal(t, "lock_acquire", pglockCall("SELECT pglock.lock_acquire($1, $2, $3)"))
+	require.Empty(t, pglockCall("UPDATE t SET v = 1 WHERE pglock.lock_held($1, $2)"))
+}
