@@ -286,10 +286,11 @@ const method = `## How it works
   transaction that it keeps open 1.2 to 1.6 ttl after its ` + "`FenceHeld`" + ` write (whose row lock on the lock row
   lasts as long), then commits. Beside it, a second loop takes a permit of one semaphore of N permits (` + "`-permits`" + `,
   2; every worker asks for the same N), half the time between ` + "`Semaphore.Acquire`" + ` and ` + "`Release`" + `, half in a
-  ` + "`WithPermit`" + ` section, and does the same read-modify-writes on the permit's own rows (one per permit number:
-  ` + "`FenceUpdate`" + ` on the permit's token, ` + "`FenceHeld`" + ` with the semaphore's key and the permit's token, and no
-  fence). A permit is a lock row of its own (the semaphore's key, U+001F, its number), so every invariant below
-  that speaks of a key speaks of each permit too. Beside the loops each worker holds, 2 to 4 ttl at a time, a
+  ` + "`WithPermit`" + ` section, and does read-modify-writes on the permit's own rows (one per permit number) of the two
+  fenced tables (` + "`FenceUpdate`" + ` on the permit's token, ` + "`FenceHeld`" + ` with the semaphore's key and the permit's
+  token), thinking ttl/3 to 2 ttl/3 between its reads and its writes, then rests ttl/10 to ttl/2: permits are held
+  long and renewed, and a pause often lands in a holder's think time. A permit is a lock row of its own (the
+  semaphore's key, U+001F, its number), so every invariant below that speaks of a key speaks of each permit too. Beside the loops each worker holds, 2 to 4 ttl at a time, a
   lock of ttl and one of 2 ttl; probes, every ttl/8 to ttl/2, a key (one of the K, its own, or the semaphore)
   with ` + "`TryAcquire`" + ` on a ctx of ttl/50; campaigns for one election; and runs one ` + "`OnOneInstance`" + ` job on every 50 ms boundary of the wall clock (so a
   tick's number names it in every worker), which writes its tick to a row, fenced by its lease with ` + "`FenceHeld`" + `.

@@ -49,7 +49,9 @@ func isPermit(key string) bool { return strings.Contains(key, permitSeparator) }
 
 // semLoop takes a permit of the semaphore and does read-modify-writes of the permit's
 // counters under it, as lockLoop does under a key's lock, until ctx ends: with Acquire
-// and Release, or in a WithPermit section.
+// and Release, or in a WithPermit section; then it rests ttl/10 to ttl/2. A holder
+// thinks long and writes little (see critical): the semaphore is full and contended
+// most of the time for a tenth of the lock loop's history records.
 func (w *worker) semLoop(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(w.cfg.seed, 4))
 	for ctx.Err() == nil {
@@ -57,11 +59,12 @@ func (w *worker) semLoop(ctx context.Context) {
 			w.withLock(ctx, rng, semKey, func(ctx context.Context, fn func(context.Context) error) error {
 				return w.sem.WithPermit(ctx, fn, pglock.Wait(5*w.cfg.ttl))
 			})
-			continue
+		} else {
+			w.acquireRelease(ctx, rng, semKey, func() (*pglock.Lock, error) {
+				return w.sem.Acquire(ctx, pglock.Wait(5*w.cfg.ttl))
+			})
 		}
-		w.acquireRelease(ctx, rng, semKey, func() (*pglock.Lock, error) {
-			return w.sem.Acquire(ctx, pglock.Wait(5*w.cfg.ttl))
-		})
+		sleep(ctx, between(rng, w.cfg.ttl/10, w.cfg.ttl/2))
 	}
 }
 

@@ -126,7 +126,10 @@ func runWorker(args []string) error {
 	}
 	cc.ConnectTimeout = 2 * time.Second
 	cc.RuntimeParams["application_name"] = appName(cfg.id)
-	pcfg.MaxConns = 6
+	// One connection per loop that runs statements (the lock loop, whose fenced
+	// transaction holds one, the semaphore loop, the two-ttl pair, the probes, the
+	// ticks), and room for the client's renewals and hand-backs.
+	pcfg.MaxConns = 7
 	h, err := openHistory(cfg.history, cfg.id)
 	if err != nil {
 		return err
@@ -614,16 +617,26 @@ type rmw struct {
 // critical reads l's counter (the row of its row key) in each table (in a random
 // order), thinks, and writes value+1 to each (in another random order). A pause
 // anywhere in the think time leaves three stale writes to land after a successor's.
+// A permit's holder writes only the fenced tables and thinks ttl/3 to 2 ttl/3: a
+// permit is held long (renewed, and paused in its think time) for few writes.
 func (w *worker) critical(rng *rand.Rand, l *pglock.Lock) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	if l.Permit() > 0 {
+		w.readThinkWrite(rng, l, []string{tableColumn, tableLock}, between(rng, w.cfg.ttl/3, 2*w.cfg.ttl/3))
+		return
+	}
+	w.readThinkWrite(rng, l, counterTables, time.Duration(rng.Int64N(int64(w.cfg.think)+1)))
+}
+
+func (w *worker) readThinkWrite(rng *rand.Rand, l *pglock.Lock, tables []string, think time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout+think)
 	defer cancel()
 	var done []rmw
-	for _, i := range rng.Perm(len(counterTables)) {
-		if r, ok := w.read(ctx, l, counterTables[i]); ok {
+	for _, i := range rng.Perm(len(tables)) {
+		if r, ok := w.read(ctx, l, tables[i]); ok {
 			done = append(done, r)
 		}
 	}
-	sleep(ctx, time.Duration(rng.Int64N(int64(w.cfg.think)+1)))
+	sleep(ctx, think)
 	rng.Shuffle(len(done), func(i, j int) { done[i], done[j] = done[j], done[i] })
 	for _, r := range done {
 		w.write(ctx, l, r)
