@@ -42,7 +42,8 @@ type LockInfo struct {
 }
 
 // Locks lists the locks whose key starts with prefix ("" lists all), sorted by key
-// byte by byte (as Go compares strings), held or not: a key's row stays after its
+// byte by byte (as Go compares strings), then by permit (a semaphore's permits are
+// listed under its key, one LockInfo each, Permit set), held or not: a key's row stays after its
 // release, with an empty Owner, and after its expiry, with Held false, until Prune
 // deletes it. Every lock is read in one statement, on one reading of the store's
 // clock. prefix is matched as it is: "%" and "_" are no wildcards. It reads only and

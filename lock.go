@@ -37,7 +37,7 @@ func (l *Lock) Permit() int { return l.permit }
 func (l *Lock) Owner() string { return l.entry.Owner }
 
 // Token returns the fencing token: positive, and greater than the token of every
-// earlier acquisition of the key. Write it with what the lock protects (see
+// earlier acquisition of the key (of the permit, for a permit of a semaphore). Write it with what the lock protects (see
 // FenceUpdate) so that a paused former holder's late write is refused.
 func (l *Lock) Token() int64 { return l.token }
 
