@@ -87,7 +87,7 @@ var mutations = map[string]struct {
 		"the timeline's floor, so that a promoted standby that lost the old primary's last acquisitions hands out their tokens again; " +
 		"every asynchronous failover detaches the standby first", invCounters, faultFailover, failoverAsync},
 	mutCountThenTake: {"the run installs a pglock.sem_acquire that counts the live holders and, if fewer than N, takes the lowest " +
-		"free permit of 1 to 1000, with no turns on the semaphore's row (and 10 ms between the count and the take, a busy server): " +
+		"free permit of 1 to 1000, with no turns on the semaphore's row (and 50 ms between the count and the take, a busy server): " +
 		"two acquisitions that count at once both take a permit", invSemaphore, "", ""},
 }
 

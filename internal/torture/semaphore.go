@@ -90,7 +90,7 @@ BEGIN
     IF live >= sem_acquire.permits THEN
         RETURN;
     END IF;
-    PERFORM pg_sleep(0.01);
+    PERFORM pg_sleep(0.05);
     FOR candidate IN
         SELECT i FROM generate_series(1, 1000) AS g(i)
         WHERE NOT EXISTS (
