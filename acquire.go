@@ -43,7 +43,7 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
-	l, err := c.tryFrom(ctx, key, lc.ttl, start, nil)
+	l, err := c.tryFrom(ctx, target{key: key}, lc.ttl, start, nil)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
@@ -68,7 +68,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
-	l, err := c.acquire(ctx, key, lc, start)
+	l, err := c.acquire(ctx, target{key: key}, lc, start)
 	if err != nil {
 		return nil, c.acquireFailed(key, start, err)
 	}
@@ -83,16 +83,37 @@ func (c *Client) acquireFailed(key string, start time.Time, err error) error {
 	return err
 }
 
-// acquire is Acquire, called at start, once its options are applied.
-func (c *Client) acquire(ctx context.Context, key string, lc settings, start time.Time) (*Lock, error) {
-	if lc.fair {
+// target is what an acquisition takes: a lock's key, or a permit of a semaphore.
+type target struct {
+	key     string // the lock's key, or the semaphore's
+	permits int    // the semaphore's permits; 0 for a lock
+}
+
+// undoKey is the key to hand back for an acquisition of t that answered r, or may have
+// been granted without an answer: a permit's row key, or, when the permit's number is
+// not known, the semaphore's key followed by U+001F (see handBacks.release).
+func (t target) undoKey(r acquireReply) string {
+	switch {
+	case t.permits == 0:
+		return t.key
+	case r.permit > 0:
+		return permitKey(t.key, r.permit)
+	}
+	return t.key + permitSeparator
+}
+
+// acquire is Acquire (Semaphore.Acquire for a permit), called at start, once its
+// options are applied.
+func (c *Client) acquire(ctx context.Context, t target, lc settings, start time.Time) (*Lock, error) {
+	key := t.key
+	if lc.fair && t.permits == 0 {
 		return c.acquireFair(ctx, key, lc, start)
 	}
 	var deadline time.Time
 	if lc.waitSet {
 		deadline = start.Add(lc.wait)
 	}
-	w := c.listener.waiter(key)
+	w := c.listener.waiter(t)
 	defer w.stop()
 	// A lock that expires (its holder died) wakes no one: poll at least every ttl/4.
 	maxBackoff := min(time.Second, max(lc.ttl/4, 5*time.Millisecond))
@@ -114,7 +135,7 @@ func (c *Client) acquire(ctx context.Context, key string, lc settings, start tim
 	for {
 		if !queued || lc.waitSet && err == nil && !deadline.After(c.clock.Now()) {
 			var l *Lock
-			l, err = c.tryFrom(ctx, key, lc.ttl, start, w)
+			l, err = c.tryFrom(ctx, t, lc.ttl, start, w)
 			if err != nil && ctx.Err() != nil && !errors.Is(err, ErrClosed) {
 				// ctx ended during the attempt (or just before it): the caller gave up
 				// waiting, as when it ends during a pause.
@@ -180,9 +201,16 @@ func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.C
 	if err != nil {
 		return c.acquireFailed(key, start, err)
 	}
-	l, err := c.acquire(ctx, key, lc, start)
+	return c.withLock(ctx, target{key: key}, lc, start, fn)
+}
+
+// withLock is WithLock (Semaphore.WithPermit for a permit) once its arguments are
+// checked.
+func (c *Client) withLock(ctx context.Context, t target, lc settings, start time.Time,
+	fn func(ctx context.Context) error) (err error) {
+	l, err := c.acquire(ctx, t, lc, start)
 	if err != nil {
-		return c.acquireFailed(key, start, err)
+		return c.acquireFailed(t.key, start, err)
 	}
 	lctx, stop := withLockContext(ctx, l)
 	defer func() {
@@ -211,14 +239,15 @@ func lockSettings[O any](c *Client, key, callName string, opts []O, get func(O) 
 
 // try makes one attempt to take key for ttl.
 func (c *Client) try(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
-	return c.tryFrom(ctx, key, ttl, c.clock.Now(), nil)
+	return c.tryFrom(ctx, target{key: key}, ttl, c.clock.Now(), nil)
 }
 
 // tryFrom is try for a call that began at start: EventAcquired's Wait counts from it.
 // w is the caller's waiter, nil for a single attempt: once it listens (see
 // waiter.marking), an attempt that finds the key held marks it wanted in the same call.
-func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, start time.Time,
+func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start time.Time,
 	w *waiter) (*Lock, error) {
+	key := t.key
 	if c.isClosed() {
 		return nil, ErrClosed
 	}
@@ -228,8 +257,11 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 	owner := c.newOwner()
 	sentAt := c.clock.Now()
 	marker, wakes, marking := w.marking()
-	r, abandoned := c.acquireCall(ctx, key, owner, ttl, func(ctx context.Context) (r acquireReply) {
-		if marking {
+	r, abandoned := c.acquireCall(ctx, t, owner, ttl, func(ctx context.Context) (r acquireReply) {
+		if t.permits > 0 {
+			// Client.Semaphore made sure that the store is a backend.
+			r.permit, r.token, r.ok, r.err = c.store.(backend).semAcquire(ctx, key, owner, ttl, t.permits)
+		} else if marking {
 			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(ctx, key, owner, ttl)
 		} else {
 			r.token, r.ok, r.err = c.store.Acquire(ctx, key, owner, ttl)
@@ -248,13 +280,15 @@ func (c *Client) tryFrom(ctx context.Context, key string, ttl time.Duration, sta
 		if mayHaveReached(err) {
 			// The statement may have been granted after ctx ended or the link failed:
 			// never leave the key held by an owner nobody knows for a whole ttl.
-			c.undoAcquire(key, owner, ttl)
+			c.undoAcquire(t.undoKey(r), owner, ttl)
 		}
 		return nil, err
+	case !ok && t.permits > 0:
+		return nil, fmt.Errorf("%w: the %d permits of %q are held", ErrNotAcquired, t.permits, key)
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	}
-	return c.newLock(key, owner, ttl, token, start, sentAt)
+	return c.newLock(t, r.permit, owner, ttl, token, start, sentAt)
 }
 
 // newOwner draws a new owner id: the client's instance name and a random suffix.
@@ -262,32 +296,34 @@ func (c *Client) newOwner() string {
 	return c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 }
 
-// newLock makes the Lock of key that the store granted owner for ttl with token, in
+// newLock makes the Lock of t (permit permit of a semaphore) that the store granted owner for ttl with token, in
 // reply to a call sent at sentAt, for an acquisition that began at start: renewed from
 // sentAt on, since the lease counts from no later than that. A bad token, or a reply
 // that came after the lease's renewal deadline, is handed back.
-func (c *Client) newLock(key, owner string, ttl time.Duration, token int64, start, sentAt time.Time) (*Lock, error) {
+func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, token int64, start, sentAt time.Time) (*Lock, error) {
+	key, undo := t.key, t.undoKey(acquireReply{permit: permit})
 	repliedAt := c.clock.Now()
 	switch {
 	case token <= 0:
 		// Hand it back rather than hold a lock that cannot fence anything.
-		c.undoAcquire(key, owner, ttl)
+		c.undoAcquire(undo, owner, ttl)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
 	case !repliedAt.Before(renewer.Deadline(sentAt, ttl)):
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
-		c.undoAcquire(key, owner, ttl)
+		c.undoAcquire(undo, owner, ttl)
 		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl",
 			ErrNotAcquired, key)
 	}
-	l := &Lock{c: c, token: token, entry: renewer.Entry{Key: key, Owner: owner, TTL: ttl}}
+	l := &Lock{c: c, token: token, key: key, permit: permit,
+		entry: renewer.Entry{Key: undo, Owner: owner, TTL: ttl}}
 	l.entry.Lost = l.lose
 	l.ctx, l.cancel = context.WithCancelCause(context.WithValue(context.Background(), lockContextKey{}, l))
 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		c.undoAcquire(key, owner, ttl)
+		c.undoAcquire(l.entry.Key, owner, ttl)
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
@@ -299,9 +335,9 @@ func (c *Client) newLock(key, owner string, ttl time.Duration, token int64, star
 		c.reconfirm(sentAt)
 	}
 	c.renewals.warm()
-	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.String("owner", owner),
-		slog.Int64("token", token), slog.Duration("ttl", ttl))
-	c.events.emit(Event{Type: EventAcquired, Key: key, Owner: owner, Token: token,
+	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.Int("permit", permit),
+		slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
+	c.events.emit(Event{Type: EventAcquired, Key: key, Permit: permit, Owner: owner, Token: token,
 		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil
 }
@@ -340,6 +376,7 @@ func outage(err error) bool {
 
 // acquireReply is the reply to an acquisition's store call.
 type acquireReply struct {
+	permit     int // a permit's number; 0 for a lock
 	token      int64
 	ok, wanted bool
 	err        error
@@ -352,7 +389,7 @@ type acquireReply struct {
 // reply comes on the call's own connection, which stays open: pgx closes the connection
 // of a statement whose ctx ends, and the release would then wait for a new one, on a
 // loaded machine past the grant's expiry.
-func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Duration,
+func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl time.Duration,
 	call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
 	if ctx.Done() == nil {
 		return call(ctx), false
@@ -373,7 +410,7 @@ func (c *Client) acquireCall(ctx context.Context, key, owner string, ttl time.Du
 		}
 		stop()
 		if (r.err == nil && r.ok) || (r.err != nil && mayHaveReached(r.err)) {
-			c.undoAcquire(key, owner, ttl)
+			c.undoAcquire(t.undoKey(r), owner, ttl)
 		}
 		h.awaiting.Done()
 	}()

@@ -211,6 +211,46 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	}
 }
 
+// BenchmarkPermitVsLock times Semaphore.TryAcquire + Release of a permit against
+// Client.TryAcquire + Release of a plain lock (the ns/op is the permit's; vs-lock is
+// the ratio), interleaved in one run: each goroutine on a semaphore of its own (4
+// permits), and, in shared, 16 goroutines on one semaphore of 16 permits, whose
+// acquisitions take turns on the semaphore's row.
+func BenchmarkPermitVsLock(b *testing.B) {
+	for _, tc := range []struct {
+		name       string
+		goroutines int
+		shared     bool
+	}{{"goroutines=1", 1, false}, {"goroutines=16", 16, false}, {"shared/goroutines=16", 16, true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			pool := pglocktest.Postgres(b)
+			c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
+			sems := make([]*pglock.Semaphore, tc.goroutines)
+			for g := range sems {
+				key, permits := "bench:sem:"+strconv.Itoa(g), 4
+				if tc.shared {
+					key, permits = "bench:sem:shared", tc.goroutines
+				}
+				var err error
+				sems[g], err = c.Semaphore(key, permits)
+				require.NoError(b, err)
+			}
+			permit := benchOp{name: "permit", goroutines: tc.goroutines, run: func(ctx context.Context, g int) error {
+				l, err := sems[g].TryAcquire(ctx)
+				if err != nil {
+					return err
+				}
+				return l.Release(ctx)
+			}}
+			lock := acquireRelease(c, tc.goroutines)
+			lock.name = "lock"
+			ops := []benchOp{permit, lock}
+			warmUp(b, ops...)
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}
+
 // seedSQL is the raw SQL of the tutorial this library started from, on a table and a
 // sequence like pglock's own: its INSERT ... ON CONFLICT DO UPDATE acquisition and its
 // UPDATE release, sent as plain statements, each goroutine on its own key. It is what

@@ -34,6 +34,7 @@ func TestBadInputGetsAClearErrorAndTouchesNothing(t *testing.T) {
 		{"KeyOver500Characters", long, nil, fn, pglock.ErrInvalidKey},
 		{"InvalidUTF8", "inv\xffalid", nil, fn, pglock.ErrInvalidKey},
 		{"NULByte", "nul\x00key", nil, fn, pglock.ErrInvalidKey},
+		{"UnitSeparator", "exports\x1f1", nil, fn, pglock.ErrInvalidKey},
 		{"TTLUnder1ms", "k", []pglock.Option{pglock.TTL(time.Microsecond)}, fn, pglock.ErrInvalidArgument},
 		{"ZeroTTL", "k", []pglock.Option{pglock.TTL(0)}, fn, pglock.ErrInvalidArgument},
 		{"TTLOverOneYear", "k", []pglock.Option{pglock.TTL(pglock.MaxTTL + time.Millisecond)}, fn, pglock.ErrInvalidArgument},
@@ -181,6 +182,8 @@ func TestStoreRejectsBadCalls(t *testing.T) {
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 			_, err = store.Release(ctx, "k\x00", "o")
 			require.ErrorIs(t, err, pglock.ErrInvalidKey)
+			_, _, err = store.Acquire(ctx, "k\x1f1", "o", time.Second)
+			require.ErrorIs(t, err, pglock.ErrInvalidKey, "a permit's row key: taken only through its semaphore")
 		})
 	}
 	_, err := pglock.StoreRenewMany(t.Context(), pglock.NewPostgresStore(pool), []string{"a"}, nil, time.Second)

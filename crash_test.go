@@ -178,7 +178,7 @@ type durableStatement struct {
 const crashHour = int64(time.Hour / time.Millisecond)
 
 // durableStatements: an acquisition (a new key, a released key), an acquisition by a
-// waiter's call, a renewal, a batched renewal and a force-release.
+// waiter's call, a semaphore's permit, a renewal, a batched renewal and a force-release.
 var durableStatements = []durableStatement{
 	{
 		name: "lock_acquire of a new key",
@@ -201,6 +201,25 @@ var durableStatements = []durableStatement{
 			return scanToken(c.QueryRow(ctx, `SELECT pglock.lock_acquire_or_want($1, 'A', $2)`, key("k"), crashHour))
 		},
 		check: checkStillHeldByA,
+	},
+	{
+		name: "sem_acquire of a permit",
+		run: func(ctx context.Context, c *pgx.Conn, key func(string) string) (any, error) {
+			return scanToken(c.QueryRow(ctx, `SELECT fencing_token FROM pglock.sem_acquire($1, 'A', $2, 1)`, key("s"), crashHour))
+		},
+		check: func(ctx context.Context, c *pgx.Conn, key func(string) string, result any) error {
+			if err := checkStillHeldByA(ctx, c, func(string) string { return key("s") + "\x1f1" }, result); err != nil {
+				return err
+			}
+			var b *int64
+			if err := c.QueryRow(ctx, `SELECT fencing_token FROM pglock.sem_acquire($1, 'B', 1000, 1)`, key("s")).Scan(&b); err != nil {
+				return err
+			}
+			if b != nil {
+				return fmt.Errorf("B took a permit too, with token %d", *b)
+			}
+			return nil
+		},
 	},
 	{
 		name: "lock_renew",

@@ -5,7 +5,9 @@
 //
 // On that lease it builds scheduled jobs that run on one instance and never overlap
 // themselves (Client.Job, for gocron v2), locks you take yourself (Client.TryAcquire,
-// Client.Acquire, Client.WithLock), and leader election (Client.Elect).
+// Client.Acquire, Client.WithLock), semaphores that let up to N holders in at once,
+// each permit a lock with a token of its own (Client.Semaphore), and leader election
+// (Client.Elect).
 //
 // # Set-up
 //
@@ -51,7 +53,9 @@
 // carries its token can be refused when a newer holder has written. FenceUpdate and
 // ExecFenced fence an UPDATE by a token column; FenceHeld fences any UPDATE or DELETE
 // by the lock itself, which only works because the lock lives in the same database as
-// the data.
+// the data. A semaphore's permit fences the same way (see Semaphore): FenceHeld with
+// the semaphore's key and the permit's token, or FenceUpdate on rows of the permit's
+// own (a slot column equal to Lock.Permit).
 //
 // # Stores
 //

@@ -30,6 +30,8 @@ func TestSQLDurableStatementsRaiseSynchronousCommit(t *testing.T) {
 		var token int64
 		require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire($1, 'holder', 60000)", key).Scan(&token))
 	}
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token FROM pglock.sem_acquire('full', 'holder', 60000, 1)").Scan(&token))
 	var ok bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_release('released', 'holder')").Scan(&ok))
 	require.True(t, ok)
@@ -42,12 +44,14 @@ func TestSQLDurableStatementsRaiseSynchronousCommit(t *testing.T) {
 		{"an acquisition of a new key", "SELECT pglock.lock_acquire('new', 'A', 60000)", true, false},
 		{"an acquisition of a released key", "SELECT pglock.lock_acquire('released', 'A', 60000)", true, false},
 		{"a waiter's acquisition", "SELECT pglock.lock_acquire_or_want('new', 'A', 60000)", true, false},
+		{"a permit's acquisition", "SELECT pglock.sem_acquire('sem', 'A', 60000, 2)", true, false},
 		{"a renewal", "SELECT pglock.lock_renew('held', 'holder', 60000)", true, false},
 		{"a batched renewal", "SELECT pglock.lock_renew_many('{many1,many2}', '{holder,holder}', 60000)", true, false},
 		{"a force-release", "SELECT pglock.lock_force_release('force')", true, false},
 		{"a release", "SELECT pglock.lock_release_async('held', 'holder')", false, true},
 		{"a waiter's losing attempt, which marks the key", "SELECT pglock.lock_acquire_or_want('held', 'A', 60000)", false, true},
 		{"a losing acquisition, which writes nothing", "SELECT pglock.lock_acquire('held', 'A', 60000)", false, false},
+		{"a losing permit's acquisition, which grants nothing", "SELECT pglock.sem_acquire('full', 'A', 60000, 1)", false, false},
 		{"a refused renewal, which writes nothing", "SELECT pglock.lock_renew('held', 'not the holder', 60000)", false, false},
 	}
 	for _, setting := range []string{"off", "local", "remote_write", "remote_apply", "on"} {

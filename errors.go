@@ -22,8 +22,9 @@ var (
 	// ErrResigned: the context.Cause of a leader's OnAcquired context after
 	// Election.Resign.
 	ErrResigned = errors.New("pglock: resigned from the election")
-	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters, not valid
-	// UTF-8, or contains a NUL byte.
+	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters (a
+	// semaphore's, MaxKeyLength-5), not valid UTF-8, or contains a NUL byte or U+001F
+	// (which separates a semaphore's key from a permit's number in the store).
 	ErrInvalidKey = errors.New("pglock: invalid key")
 	// ErrInvalidArgument: an option, a duration or a function argument is out of range
 	// or nil. The error's text names the argument.
@@ -64,6 +65,9 @@ const (
 	// ReasonRunInProgress: a tick was skipped because a run of the job still holds its
 	// run lock (WithoutOverlapping), on this instance or another.
 	ReasonRunInProgress Reason = "run-in-progress"
+	// ReasonLimitReached: a tick was skipped because AtMost(n) runs of the job were in
+	// progress, on this instance or others: the n permits of its semaphore were held.
+	ReasonLimitReached Reason = "limit-reached"
 	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
 	// error or panicked; the instance campaigns again after ttl/3.
 	ReasonOnAcquiredFailed Reason = "on-acquired-failed"

@@ -40,6 +40,7 @@ const (
 type Event struct {
 	Type   EventType
 	Key    string // the lock's key; for job events the job's key, gocron job name or elector key
+	Permit int    // a permit's number, for events about a permit of a semaphore (Key is the semaphore's); else 0
 	Owner  string // the lock's owner id; empty for a skipped tick
 	Token  int64  // the lock's fencing token; zero for a skipped tick
 	Reason Reason // why, for lost, skipped and some leadership-lost events

@@ -39,7 +39,7 @@ func FuzzKeys(f *testing.F) {
 		{"payment:42", "api-1"}, {"Zażółć gęślą jaźń", "węzeł/7"}, {"", "x"}, {"a\x00b", "x"}, {"\xff", "x"},
 		{`{"a",b}\`, `NULL`}, {"NULL", "}{"}, {" lead ", " "}, {strings.Repeat("é", pglock.MaxKeyLength), "x"},
 		{strings.Repeat("k", pglock.MaxKeyLength+1), "x"}, {"job", strings.Repeat("n", 201)}, {"k", ""}, {"k", "a\x00"},
-		{"🔒\u200d\U0010FFFF", "\t"}, {"'; DROP TABLE pglock.locks; --", "$1"},
+		{"🔒\u200d\U0010FFFF", "\t"}, {"'; DROP TABLE pglock.locks; --", "$1"}, {"exports\x1f1", "x"}, {"\x1f", "x"},
 	} {
 		f.Add(s[0], s[1])
 	}
@@ -60,7 +60,10 @@ func FuzzKeys(f *testing.F) {
 		defer func() { require.NoError(t, c.Close(context.WithoutCancel(ctx))) }()
 
 		l, err := c.TryAcquire(ctx, key)
-		if key == "" || utf8.RuneCountInString(key) > pglock.MaxKeyLength || !utf8.ValidString(key) || strings.ContainsRune(key, 0) {
+		if key == "" || utf8.RuneCountInString(key) > pglock.MaxKeyLength || !utf8.ValidString(key) || strings.ContainsRune(key, 0) ||
+			strings.ContainsRune(key, '\x1f') {
+			requirePglockError(t, err, pglock.ErrInvalidKey)
+			_, _, err = store.Acquire(ctx, key, "o", time.Minute)
 			requirePglockError(t, err, pglock.ErrInvalidKey)
 			_, err = pglock.StoreHolder(ctx, store, key)
 			requirePglockError(t, err, pglock.ErrInvalidKey)

@@ -13,7 +13,11 @@ import (
 // the PostgreSQL store): what Client.Locks lists, Client.ForceRelease broke and
 // Election.Leader reads.
 type LockInfo struct {
+	// Key is the lock's key; for a permit, its semaphore's key.
 	Key string
+	// Permit is the permit's number (1 to the semaphore's permits) for a permit of a
+	// semaphore, 0 for a lock.
+	Permit int
 	// Owner is the owner id of the last acquisition ("<instance>/<suffix>"), kept
 	// after the lease expired; "" once released (or force-released).
 	Owner string
@@ -48,7 +52,8 @@ type LockInfo struct {
 }
 
 // Locks lists the locks whose key starts with prefix ("" lists all), sorted by key
-// byte by byte (as Go compares strings), held or not: a key's row stays after its
+// byte by byte (as Go compares strings), then by permit (a semaphore's permits are
+// listed under its key, one LockInfo each, Permit set), held or not: a key's row stays after its
 // release, with an empty Owner, and after its expiry, with Held false, until Prune
 // deletes it. Every lock is read in one statement, on one reading of the store's
 // clock. prefix is matched as it is: "%" and "_" are no wildcards. It reads only and
@@ -105,19 +110,29 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error)
 	if err := checkKey(key); err != nil {
 		return LockInfo{}, err
 	}
+	return c.forceRelease(ctx, key)
+}
+
+// forceRelease is ForceRelease on a lock's key or a permit's row key.
+func (c *Client) forceRelease(ctx context.Context, rowKey string) (LockInfo, error) {
+	key, permit := splitPermitKey(rowKey)
 	b, err := c.backend("force release", "cannot break a lock")
 	if err != nil {
 		return LockInfo{}, err
 	}
-	info, err := b.forceRelease(ctx, key)
+	info, err := b.forceRelease(ctx, rowKey)
 	if err != nil {
 		return LockInfo{}, err
+	}
+	if !info.Held && permit > 0 {
+		return LockInfo{}, fmt.Errorf("%w: permit %d of %q has no live holder", ErrNotHeld, permit, key)
 	}
 	if !info.Held {
 		return LockInfo{}, fmt.Errorf("%w: %q has no live holder", ErrNotHeld, key)
 	}
-	c.logger.LogAttrs(ctx, slog.LevelWarn, "pglock: lock force-released",
-		slog.String("key", key), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
+	info.Key, info.Permit = key, permit
+	c.logger.LogAttrs(ctx, slog.LevelWarn, "pglock: lock force-released", slog.String("key", key),
+		slog.Int("permit", permit), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
 	return info, nil
 }
 

@@ -19,18 +19,20 @@ type Job struct {
 	key     string
 	fn      func(ctx context.Context) error
 	ttl     time.Duration
-	lease   *lease // nil without OnOneInstance
-	runLock bool   // WithoutOverlapping
+	lease   *lease     // nil without OnOneInstance
+	runLock bool       // WithoutOverlapping
+	limit   *Semaphore // AtMost's; nil without it
 	runs    runs
 }
 
 // Job returns a Job that runs fn under key. key is required (a rename must not change
 // it during a rolling deploy) and is checked as a lock key, its lease key "<key>:owner"
 // included, so it has at most MaxKeyLength-6 characters. Give OnOneInstance,
-// WithoutOverlapping or both; the ttl is the client's unless TTL sets it.
+// WithoutOverlapping or both, or AtMost alone; the ttl is the client's unless TTL sets
+// it.
 //
 // Inside fn, FromContext(ctx) returns the run lock (with OnOneInstance alone, the
-// lease), whose Token fences fn's writes; fn's ctx is cancelled, with a
+// lease; with AtMost, the permit), whose Token fences fn's writes; fn's ctx is cancelled, with a
 // *LockLostError as its cause, when the run lock or the lease is lost.
 //
 // Keys are registered with the client: a second job with the same key, a job whose key
@@ -62,14 +64,24 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	if err := applyOptions(&cfg, fmt.Sprintf("Job %q", key), opts, JobOption.jobOption); err != nil {
 		return nil, err
 	}
-	if !cfg.oneInstance && !cfg.withoutOverlapping {
-		return nil, invalidArg("Job %q: want OnOneInstance, WithoutOverlapping or both", key)
+	switch {
+	case cfg.atMost > 0 && (cfg.oneInstance || cfg.withoutOverlapping):
+		return nil, invalidArg("Job %q: AtMost goes alone: not with OnOneInstance (runs on one instance) nor WithoutOverlapping (AtMost(1) is one run at a time)", key)
+	case cfg.atMost == 0 && !cfg.oneInstance && !cfg.withoutOverlapping:
+		return nil, invalidArg("Job %q: want OnOneInstance, WithoutOverlapping or both, or AtMost", key)
+	}
+	var limit *Semaphore
+	if cfg.atMost > 0 {
+		var err error
+		if limit, err = c.Semaphore(key, cfg.atMost); err != nil {
+			return nil, err
+		}
 	}
 	if err := c.register(fmt.Sprintf("job %q", key), key, key+leaseSuffix); err != nil {
 		return nil, err
 	}
 	c.registered(kindJob, key)
-	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, runs: runs{c: c}}
+	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, limit: limit, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
 	}
@@ -82,7 +94,7 @@ func (j *Job) Key() string { return j.key }
 
 // Run runs one tick of the job through its locks: what gocron calls through Task, and
 // what a test or an admin path calls directly. A skipped tick (another instance owns
-// the job, or a run is in progress) returns nil; it is logged at debug, emitted as an
+// the job, a run is in progress, or AtMost's limit is reached) returns nil; it is logged at debug, emitted as an
 // EventJobSkipped and counted in the run history, and a run is emitted as an
 // EventJobRan (its Duration and Outcome set) and recorded in the run history (see
 // RunHistory), a panicking fn's too (OutcomePanicked) before the panic goes on up.
@@ -109,7 +121,7 @@ func (j *Job) Run(ctx context.Context) error {
 		ctx, stop = withLockContext(ctx, l)
 		defer stop()
 	}
-	if !j.runLock {
+	if !j.runLock && j.limit == nil {
 		ctx, s, err := j.c.enter(ctx)
 		if err != nil {
 			return err
@@ -118,14 +130,21 @@ func (j *Job) Run(ctx context.Context) error {
 		l, _ := FromContext(ctx)
 		return j.run(ctx, l)
 	}
+	// A run under the run lock, or a permit of AtMost's semaphore; none left: a skip.
+	with, full := func(ctx context.Context, fn func(context.Context) error, opts ...AcquireOption) error {
+		return j.c.WithLock(ctx, j.key, fn, opts...)
+	}, ReasonRunInProgress
+	if j.limit != nil {
+		with, full = j.limit.WithPermit, ReasonLimitReached
+	}
 	started := false
-	err := j.c.WithLock(ctx, j.key, func(ctx context.Context) error {
+	err := with(ctx, func(ctx context.Context) error {
 		started = true
 		l, _ := FromContext(ctx)
 		return j.run(ctx, l)
 	}, TTL(j.ttl), Wait(0))
 	if !started && errors.Is(err, ErrNotAcquired) {
-		j.c.skipped(j.key, ReasonRunInProgress)
+		j.c.skipped(j.key, full)
 		return nil
 	}
 	return err
@@ -190,6 +209,7 @@ func checkJobKey(key string) error {
 var skippedMessages = map[Reason]string{
 	ReasonOtherInstance: "pglock: skipped job: it runs on another instance",
 	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
+	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).

@@ -137,7 +137,7 @@ func (e *Election) run() {
 	defer close(e.done)
 	defer e.c.unregister(e.key)
 	defer e.c.registry.remove(registryEntry{kindElection, e.key})
-	w := e.c.listener.waiter(e.key)
+	w := e.c.listener.waiter(target{key: e.key})
 	defer w.stop()
 	free := 0 // how many times in a row the key looked free
 	// A campaign that fails for want of the store (outage: a failover, say, whose

@@ -14,7 +14,9 @@ import (
 type Lock struct {
 	c      *Client
 	token  int64
-	entry  renewer.Entry // Key, Owner, TTL; the renewer's bookkeeping
+	key    string        // the lock's key, or the permit's semaphore's
+	permit int           // the permit's number; 0 for a lock
+	entry  renewer.Entry // Key (the row key: a permit's is permitKey), Owner, TTL; the renewer's bookkeeping
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -23,15 +25,19 @@ type Lock struct {
 	err    error         // what Release returns once ended
 }
 
-// Key returns the lock's key.
-func (l *Lock) Key() string { return l.entry.Key }
+// Key returns the lock's key; for a permit of a semaphore, the semaphore's key.
+func (l *Lock) Key() string { return l.key }
+
+// Permit returns the permit's number, 1 to the semaphore's permits, for a permit of a
+// semaphore (Semaphore.Acquire), and 0 for a lock.
+func (l *Lock) Permit() int { return l.permit }
 
 // Owner returns the owner id this acquisition drew: the client's instance name and a
 // random suffix.
 func (l *Lock) Owner() string { return l.entry.Owner }
 
 // Token returns the fencing token: positive, and greater than the token of every
-// earlier acquisition of the key. Write it with what the lock protects (see
+// earlier acquisition of the key (of the permit, for a permit of a semaphore). Write it with what the lock protects (see
 // FenceUpdate) so that a paused former holder's late write is refused.
 func (l *Lock) Token() int64 { return l.token }
 
@@ -89,11 +95,11 @@ func (l *Lock) Release(ctx context.Context) error {
 		case serr != nil:
 			err = serr
 		case !ok && (!unsure || !live):
-			err = &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
+			err = &LockLostError{Key: l.key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
 		default:
-			c.logger.Debug("pglock: released lock", slog.String("key", l.entry.Key),
+			c.logger.Debug("pglock: released lock", slog.String("key", l.key), slog.Int("permit", l.permit),
 				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
-			c.emit(EventReleased, l.entry.Key, l, "", nil)
+			c.emit(EventReleased, l.key, l, "", nil)
 		}
 	}
 	l.mu.Lock()
@@ -108,7 +114,7 @@ func (l *Lock) lostError(r renewer.Reason) *LockLostError {
 	if r == renewer.Refused {
 		reason = ReasonRefused
 	}
-	return &LockLostError{Key: l.entry.Key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
+	return &LockLostError{Key: l.key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
 }
 
 // abandon ends a lock that Close could not release in time.
@@ -118,9 +124,9 @@ func (l *Lock) abandon() { l.end(ErrClosed) }
 func (l *Lock) lose(r renewer.Reason) {
 	err := l.lostError(r)
 	l.end(err)
-	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.entry.Key), slog.String("owner", l.entry.Owner),
-		slog.Int64("token", l.token), slog.Any("err", err))
-	l.c.emit(EventLost, l.entry.Key, l, err.Reason, err)
+	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.key), slog.Int("permit", l.permit),
+		slog.String("owner", l.entry.Owner), slog.Int64("token", l.token), slog.Any("err", err))
+	l.c.emit(EventLost, l.key, l, err.Reason, err)
 }
 
 // end records why the lock ended, unless Release got there first, and cancels its

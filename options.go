@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -14,8 +15,11 @@ import (
 
 // Limits on what a Client accepts.
 const (
-	// MaxKeyLength is the longest key, in characters (runes).
+	// MaxKeyLength is the longest key, in characters (runes). A semaphore's key is at
+	// most MaxKeyLength-5 (see Client.Semaphore).
 	MaxKeyLength = 500
+	// MaxPermits is the most permits a semaphore has (see Client.Semaphore).
+	MaxPermits = 1000
 	// MinTTL and MaxTTL bound every ttl: the store counts in whole milliseconds, and a
 	// lease longer than a year is a configuration mistake.
 	MinTTL = time.Millisecond
@@ -37,8 +41,8 @@ type ClientOption interface{ clientOption() option }
 // Fair.
 type AcquireOption interface{ acquireOption() option }
 
-// JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping
-// and TTL.
+// JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping,
+// AtMost and TTL.
 type JobOption interface{ jobOption() option }
 
 // Option is an option that every call takes: a ClientOption, an AcquireOption and a
@@ -88,6 +92,7 @@ type settings struct {
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
+	atMost             int           // AtMost's; 0: none
 	runRetention       time.Duration // RunHistory's; 0: off
 }
 
@@ -258,6 +263,26 @@ func WithoutOverlapping() JobOption {
 	}}
 }
 
+// AtMost lets up to n runs of the job be in progress at once across the fleet: a run
+// holds a permit of the semaphore of the job's key with n permits (see
+// Client.Semaphore), renewed, from its start to its end, and a tick that finds all n
+// permits held is skipped (ReasonLimitReached), on this instance or any other. Inside
+// fn, FromContext returns the permit, whose Token fences fn's writes (give each permit
+// rows of its own: Lock.Permit). n is 1 to MaxPermits (ErrInvalidArgument). It goes
+// alone: with WithoutOverlapping it would ask for two run limits at once (AtMost(1) is
+// "one run at a time"), and with OnOneInstance for runs on one instance only, where a
+// limit across the fleet means nothing; Client.Job refuses both with
+// ErrInvalidArgument. It is a JobOption: Client.Job takes it.
+func AtMost(n int) JobOption {
+	return jobOpt{name: "AtMost", apply: func(s *settings) error {
+		if n < 1 || n > MaxPermits {
+			return fmt.Errorf("%d runs: want 1 to %d", n, MaxPermits)
+		}
+		s.atMost = n
+		return nil
+	}}
+}
+
 func defaultInstanceName() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -274,7 +299,8 @@ func checkTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
-// checkKey returns an error wrapping ErrInvalidKey for a key no store should see.
+// checkKey returns an error wrapping ErrInvalidKey for a key no store should see, or
+// one with U+001F, which would make it a permit's row key (see permitKey).
 func checkKey(key string) error {
 	switch {
 	case key == "":
@@ -283,8 +309,19 @@ func checkKey(key string) error {
 		return fmt.Errorf("%w: %q is not valid UTF-8 or contains a NUL byte", ErrInvalidKey, key)
 	case utf8.RuneCountInString(key) > MaxKeyLength:
 		return fmt.Errorf("%w: %d characters, the most is %d", ErrInvalidKey, utf8.RuneCountInString(key), MaxKeyLength)
+	case strings.Contains(key, permitSeparator):
+		return fmt.Errorf("%w: %q contains U+001F, which separates a semaphore's key from a permit's number", ErrInvalidKey, key)
 	}
 	return nil
+}
+
+// checkStoreKey is checkKey for a store call, which is given a lock's key or a
+// permit's row key.
+func checkStoreKey(key string) error {
+	if sem, permit := splitPermitKey(key); permit > 0 {
+		return checkSemaphore(sem, permit)
+	}
+	return checkKey(key)
 }
 
 func validText(s string) bool {
@@ -296,9 +333,26 @@ func validText(s string) bool {
 	return utf8.ValidString(s)
 }
 
+// checkAcquire is checkCall for an acquisition of a lock's key: a permit's row key is
+// taken only through its semaphore (semAcquire), never as a lock.
+func checkAcquire(key, owner string, ttl time.Duration) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	return checkCall(key, owner, ttl)
+}
+
+// checkSemCall is checkCall for a call on a semaphore.
+func checkSemCall(key, owner string, ttl time.Duration, permits int) error {
+	if err := checkSemaphore(key, permits); err != nil {
+		return err
+	}
+	return checkCall(key, owner, ttl)
+}
+
 // checkCall is the stores' argument check: what a client would never send.
 func checkCall(key, owner string, ttl time.Duration) error {
-	if err := checkKey(key); err != nil {
+	if err := checkStoreKey(key); err != nil {
 		return err
 	}
 	if owner == "" || !validText(owner) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -244,7 +245,7 @@ func (c *Client) forget(l *Lock) {
 func (c *Client) emit(t EventType, key string, l *Lock, reason Reason, err error) {
 	ev := Event{Type: t, Key: key, Reason: reason, Err: err, Time: c.clock.Now()}
 	if l != nil {
-		ev.Owner, ev.Token = l.entry.Owner, l.token
+		ev.Permit, ev.Owner, ev.Token = l.permit, l.entry.Owner, l.token
 	}
 	c.health.count(t)
 	c.events.emit(ev)
@@ -418,7 +419,7 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 		h.mu.Unlock()
 		ctx, cancel := detached(context.Background())
 		defer cancel()
-		_, _ = h.store.Release(ctx, key, owner)
+		_, _ = h.release(ctx, key, owner)
 		return
 	case h.pending[id] != nil:
 		h.mu.Unlock()
@@ -436,6 +437,19 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 	}
 	h.mu.Unlock()
 	h.poke()
+}
+
+// release hands key back for owner: a lock's key or a permit's row key, or a
+// semaphore's key followed by U+001F for the permit of unknown number that owner may
+// hold (see target.undoKey).
+func (h *handBacks) release(ctx context.Context, key, owner string) (bool, error) {
+	if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
+		if b, ok := h.store.(backend); ok {
+			return b.semRelease(ctx, sem, owner)
+		}
+		return false, nil
+	}
+	return h.store.Release(ctx, key, owner)
 }
 
 func (h *handBacks) poke() {
@@ -479,7 +493,7 @@ func (h *handBacks) run(idle chan struct{}) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
-		ok, err := h.store.Release(ctx, id.key, id.owner)
+		ok, err := h.release(ctx, id.key, id.owner)
 		cancel()
 		now := time.Now()
 		if err != nil {

@@ -81,7 +81,7 @@ func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start
 		token, err := q.step(ctx)
 		switch {
 		case err == nil && token > 0:
-			return c.newLock(key, q.owner, lc.ttl, token, start, sentAt)
+			return c.newLock(target{key: key}, 0, q.owner, lc.ttl, token, start, sentAt)
 		case err == nil:
 			failingSince = time.Time{}
 			if q.ticket == 0 {

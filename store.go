@@ -65,6 +65,15 @@ type backend interface {
 	// listLocks returns the locks whose key starts with prefix, sorted by key byte by
 	// byte, never nil (see Client.Locks).
 	listLocks(ctx context.Context, prefix string) ([]LockInfo, error)
+	// semAcquire takes the lowest free permit of the semaphore key (1..permits) for
+	// owner for ttl, while fewer than permits live holders hold its permits, and returns
+	// the permit's number and its token (greater than every token the permit had);
+	// acquired false, with a nil error, when none is free (see pglock.sem_acquire).
+	semAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
+	// semRelease releases the permit of the semaphore key that owner holds live, whose
+	// number is not known (a hand-back), and reports whether it did.
+	semRelease(ctx context.Context, key, owner string) (bool, error)
+
 	// forceRelease ends the lease of key's live holder, whoever it is, so that its
 	// renewals are refused and the next acquisition gets a greater token, and returns
 	// the lock as it was just before; Held false (and nothing changed) when no live
@@ -120,6 +129,10 @@ type wantMarker interface {
 	// that the waiter parks without a markWanted round trip; acquired and wanted both
 	// false mean "try again now".
 	acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (token int64, acquired, wanted bool, err error)
+	// semWant marks every live permit of the semaphore key wanted, so that the release
+	// of any of them notifies, and reports whether the semaphore is full (at least
+	// permits live holders); false means "try to acquire now".
+	semWant(ctx context.Context, key string, permits int) (wanted bool, err error)
 }
 
 // backend returns the client's store as a backend, for the call op (named in the

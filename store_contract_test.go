@@ -50,6 +50,17 @@ type contractStore interface {
 // batchStore is a pglock.Store with its batched renewal as a method: a contractStore.
 type batchStore struct{ pglock.Store }
 
+// SemAcquire makes batchStore a semaphoreStore.
+func (s batchStore) SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+	return pglock.StoreSemAcquire(ctx, s.Store, key, owner, ttl, permits)
+}
+
+// semaphoreStore is a contractStore that takes semaphores' permits: the semaphore
+// cases run on such a store only.
+type semaphoreStore interface {
+	SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
+}
+
 func (s batchStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
 	return pglock.StoreRenewMany(ctx, s.Store, keys, owners, ttl)
 }
@@ -149,12 +160,18 @@ func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts c
 	c.run(t, "KeysAreKeptApart", keysAreKeptApart)
 	c.run(t, "RenewMany", renewMany)
 
+	c.group(t, "Semaphore", func(t *testing.T) {
+		c.run(t, "GrantsTheLowestFreePermitUpToN", semaphoreGrantsLowestFree)
+		c.run(t, "ExpiredPermitIsFree", semaphoreExpiredPermitIsFree)
+	})
+
 	c.group(t, "Concurrent", func(t *testing.T) {
 		if !opts.Concurrent {
 			t.Skip("contractOptions.Concurrent is off")
 		}
 		c.run(t, "OneWinnerPerRound", oneWinnerPerRound)
 		c.run(t, "HoldersNeverOverlap", holdersNeverOverlap)
+		c.run(t, "NPermitsPerRound", semaphoreNPermitsPerRound)
 	})
 }
 
@@ -785,4 +802,114 @@ func increasing(tokens []int64) error {
 		}
 	}
 	return nil
+}
+
+// semaphore returns the store as a semaphoreStore, skipping the case on a store that
+// has none.
+func (h *harness) semaphore() semaphoreStore {
+	h.t.Helper()
+	s, ok := h.store.(semaphoreStore)
+	if !ok {
+		h.t.Skip("the store takes no permits")
+	}
+	return s
+}
+
+// semAcquire takes a permit and requires no error.
+func (h *harness) semAcquire(key, owner string, ttl time.Duration, permits int) (int, int64, bool) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	permit, token, ok, err := h.semaphore().SemAcquire(ctx, key, owner, ttl, permits)
+	require.NoError(h.t, err)
+	return permit, token, ok
+}
+
+// semaphoreGrantsLowestFree: N acquisitions get permits 1..N, the next none; a
+// released permit (its row key released like a lock's) is granted again, with a
+// greater token, and a smaller N grants nothing while as many are held.
+func semaphoreGrantsLowestFree(h *harness) {
+	key := strings.TrimSuffix(h.key("sem"), "/")
+	var tokens []int64
+	for want := 1; want <= 3; want++ {
+		permit, token, ok := h.semAcquire(key, fmt.Sprintf("%s-%d", ownerA, want), longTTL, 3)
+		require.True(h.t, ok, "permit %d", want)
+		require.Equal(h.t, want, permit)
+		require.Positive(h.t, token)
+		tokens = append(tokens, token)
+	}
+	_, _, ok := h.semAcquire(key, ownerB, longTTL, 3)
+	require.False(h.t, ok, "3 of 3 permits held")
+	require.True(h.t, h.release(key+"\x1f2", ownerA+"-2"))
+	_, _, ok = h.semAcquire(key, ownerB, longTTL, 2)
+	require.False(h.t, ok, "2 held with 2 permits")
+	permit, token, ok := h.semAcquire(key, ownerB, longTTL, 3)
+	require.True(h.t, ok)
+	require.Equal(h.t, 2, permit)
+	require.Greater(h.t, token, tokens[1])
+}
+
+// semaphoreExpiredPermitIsFree: a permit whose holder stopped renewing is granted
+// again after its ttl on the store's clock, with a greater token.
+func semaphoreExpiredPermitIsFree(h *harness) {
+	h.semaphore()
+	h.withShortTTL(func(ttl time.Duration) bool {
+		key := strings.TrimSuffix(h.key("sem"), "/")
+		start := h.now()
+		_, first, ok := h.semAcquire(key, ownerA, ttl, 1)
+		require.True(h.t, ok)
+		_, _, ok = h.semAcquire(key, ownerB, longTTL, 1)
+		if h.late(start.Add(ttl)) {
+			return false
+		}
+		require.False(h.t, ok, "the permit is held")
+		h.waitUntil(start.Add(ttl + ttl/2))
+		permit, token, ok := h.semAcquire(key, ownerB, longTTL, 1)
+		require.True(h.t, ok, "the expired permit")
+		require.Equal(h.t, 1, permit)
+		require.Greater(h.t, token, first)
+		return true
+	})
+}
+
+// semaphoreNPermitsPerRound: Callers racers take permits of one semaphore of 3 at
+// once; exactly 3 win, each a different permit, round after round.
+func semaphoreNPermitsPerRound(h *harness) {
+	s := h.semaphore()
+	for round := range raceRounds / 4 { // the racers of a semaphore take turns: a round is slower
+		key := fmt.Sprintf("%ssem-%d", h.prefix, round)
+		var mu sync.Mutex
+		won := map[int]string{}
+		var twice []int
+		errs := make(chan error, h.opts.Callers)
+		var wg sync.WaitGroup
+		for i := range h.opts.Callers {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+				defer cancel()
+				owner := fmt.Sprintf("racer-%d", i)
+				permit, _, ok, err := s.SemAcquire(ctx, key, owner, longTTL, 3)
+				if err != nil || !ok {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if won[permit] != "" {
+					twice = append(twice, permit)
+				}
+				won[permit] = owner
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(h.t, err)
+		}
+		require.Empty(h.t, twice, "permits granted twice")
+		require.Len(h.t, won, 3, "round %d: %v", round, won)
+		for p := 1; p <= 3; p++ {
+			require.NotEmpty(h.t, won[p], "round %d: permit %d", round, p)
+		}
+	}
 }

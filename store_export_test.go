@@ -27,3 +27,12 @@ func StoreHolder(ctx context.Context, s Store, key string) (LockInfo, error) {
 	}
 	return b.holder(ctx, key)
 }
+
+// StoreSemAcquire takes a permit of the semaphore key from s (see backend.semAcquire).
+func StoreSemAcquire(ctx context.Context, s Store, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+	b, ok := s.(backend)
+	if !ok {
+		return 0, 0, false, fmt.Errorf("%T has no semAcquire", s)
+	}
+	return b.semAcquire(ctx, key, owner, ttl, permits)
+}

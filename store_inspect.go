@@ -1,6 +1,7 @@
 package pglock
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"slices"
@@ -92,9 +93,15 @@ func expiresIn(expires, now time.Time, held bool) time.Duration {
 	return in
 }
 
-// sortLocks sorts locks by key, byte by byte.
+// sortLocks reads each row key as a lock's key or a semaphore's key and permit, and
+// sorts locks by key, byte by byte, then by permit.
 func sortLocks(locks []LockInfo) {
-	slices.SortFunc(locks, func(a, b LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	for i := range locks {
+		locks[i].Key, locks[i].Permit = splitPermitKey(locks[i].Key)
+	}
+	slices.SortFunc(locks, func(a, b LockInfo) int {
+		return cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.Permit, b.Permit))
+	})
 }
 
 func (s *postgresStore) forceRelease(ctx context.Context, key string) (LockInfo, error) {

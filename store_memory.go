@@ -61,7 +61,7 @@ func (s *memoryStore) live(key, owner string) *memoryLock {
 }
 
 func (s *memoryStore) Acquire(_ context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, err
 	}
 	s.mu.Lock()
@@ -199,6 +199,51 @@ func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (b
 		s.grant(key)
 	}
 	return true, nil
+}
+
+// semAcquire is pglock.sem_acquire's rule on the store's clock; one mutex makes the
+// count and the take one step.
+func (s *memoryStore) semAcquire(_ context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+	if err := checkSemCall(key, owner, ttl, permits); err != nil {
+		return 0, 0, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.livePermits(key, "")) >= permits {
+		return 0, 0, false, nil
+	}
+	for i := 1; i <= permits; i++ {
+		if row := permitKey(key, i); s.live(row, "") == nil {
+			return i, s.take(row, owner, ttl), true, nil
+		}
+	}
+	return 0, 0, false, nil // unreachable: fewer live holders than permits
+}
+
+// livePermits returns the row keys of the live permits of the semaphore key held by
+// owner (any owner when ""); s.mu is held.
+func (s *memoryStore) livePermits(key, owner string) []string {
+	var rows []string
+	for row := range s.locks {
+		if sem, permit := splitPermitKey(row); permit > 0 && sem == key && s.live(row, owner) != nil {
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+func (s *memoryStore) semRelease(_ context.Context, key, owner string) (bool, error) {
+	if err := checkSemCall(key, owner, time.Millisecond, 1); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rows := s.livePermits(key, owner)
+	for _, row := range rows {
+		l := s.locks[row]
+		l.owner, l.expires = "", s.clock.Now()
+	}
+	return len(rows) > 0, nil
 }
 
 func (s *memoryStore) Renew(_ context.Context, key, owner string, ttl time.Duration) (bool, error) {

@@ -338,7 +338,7 @@ type errScanner struct{ err error }
 func (e errScanner) Scan(...any) error { return e.err }
 
 func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, err
 	}
 	var token sql.NullInt64
@@ -349,7 +349,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 }
 
 func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
+	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, false, err
 	}
 	if s.inTx != nil && s.inTx() {
@@ -476,6 +476,41 @@ func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error
 		return false, storeError(err, "mark %q wanted", key)
 	}
 	return wanted, nil
+}
+
+func (s *postgresStore) semAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+	if err := checkSemCall(key, owner, ttl, permits); err != nil {
+		return 0, 0, false, err
+	}
+	var permit sql.NullInt32
+	var token sql.NullInt64
+	if err := s.queryRow(ctx, `SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)`,
+		key, owner, ttlMillis(ttl), permits).Scan(&permit, &token); err != nil {
+		return 0, 0, false, storeError(err, "acquire a permit of %q", key)
+	}
+	return int(permit.Int32), token.Int64, permit.Valid && token.Valid, nil
+}
+
+func (s *postgresStore) semWant(ctx context.Context, key string, permits int) (bool, error) {
+	if err := checkSemaphore(key, permits); err != nil {
+		return false, err
+	}
+	var wanted bool
+	if err := s.queryRow(ctx, `SELECT pglock.sem_want($1, $2)`, key, permits).Scan(&wanted); err != nil {
+		return false, storeError(err, "mark the permits of %q wanted", key)
+	}
+	return wanted, nil
+}
+
+func (s *postgresStore) semRelease(ctx context.Context, key, owner string) (bool, error) {
+	if err := checkSemCall(key, owner, time.Millisecond, 1); err != nil {
+		return false, err
+	}
+	var ok bool
+	if err := s.queryRow(ctx, `SELECT pglock.sem_release($1, $2)`, key, owner).Scan(&ok); err != nil {
+		return false, storeError(err, "release a permit of %q", key)
+	}
+	return ok, nil
 }
 
 // prune deletes up to limit rows released or expired more than olderThan ago (see

@@ -300,6 +300,16 @@ func (w watchedBackend) listLocks(ctx context.Context, prefix string) (_ []LockI
 	return w.b.listLocks(ctx, prefix)
 }
 
+func (w watchedBackend) semAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (_ int, _ int64, _ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
+	return w.b.semAcquire(ctx, key, owner, ttl, permits)
+}
+
+func (w watchedBackend) semRelease(ctx context.Context, key, owner string) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
+	return w.b.semRelease(ctx, key, owner)
+}
+
 func (w watchedBackend) forceRelease(ctx context.Context, key string) (_ LockInfo, err error) {
 	defer w.k.end(w.k.begin(ctx, "force release", 0, true), &err) // waits for open fenced transactions
 	return w.b.forceRelease(ctx, key)
@@ -374,6 +384,11 @@ func (w watchedMarker) markWanted(ctx context.Context, key string) (_ bool, err 
 func (w watchedMarker) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (_ int64, _, _ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
 	return w.m.acquireOrWant(ctx, key, owner, ttl)
+}
+
+func (w watchedMarker) semWant(ctx context.Context, key string, permits int) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "want", 0, false), &err)
+	return w.m.semWant(ctx, key, permits)
 }
 
 // renewerStore is the renewer's way to the store: the watched store, or, when the

@@ -45,8 +45,12 @@ import (
 // waiter is one caller waiting for a key: an Acquire, or a campaigning election.
 type waiter struct {
 	l   *listener
-	key string
-	ch  chan struct{} // nil until the first want
+	key string // the key of its queue: a lock's, or a semaphore's followed by U+001F
+	// sem and permits are the semaphore's, for a waiter for a permit: the release of
+	// any of its permits wakes it (listener.released); permits is 0 for a lock.
+	sem     string
+	permits int
+	ch      chan struct{} // nil until the first want
 	// The key's row carries this waiter's mark while markedAt == wakes+1, and a
 	// further want then needs no round trip. A release clears the mark and notifies,
 	// and a reconnection may have missed that: both count a wake (signal), which also
@@ -58,7 +62,12 @@ type waiter struct {
 	baton atomic.Bool
 }
 
-func (l *listener) waiter(key string) *waiter { return &waiter{l: l, key: key} }
+func (l *listener) waiter(t target) *waiter {
+	if t.permits > 0 {
+		return &waiter{l: l, key: t.key + permitSeparator, sem: t.key, permits: t.permits}
+	}
+	return &waiter{l: l, key: t.key}
+}
 
 // want is called after a failed attempt on the key. It subscribes the waiter (unless it
 // joined the queue), starts the listener's connection (the first time) and, while the
@@ -73,7 +82,13 @@ func (w *waiter) want(ctx context.Context) bool {
 	if w.markedAt.Load() == wakes+1 {
 		return true
 	}
-	wanted, err := w.l.marker.markWanted(ctx, w.key)
+	var wanted bool
+	var err error
+	if w.permits > 0 {
+		wanted, err = w.l.marker.semWant(ctx, w.sem, w.permits)
+	} else {
+		wanted, err = w.l.marker.markWanted(ctx, w.key)
+	}
 	if wanted {
 		w.marked(wakes)
 	}
@@ -83,9 +98,9 @@ func (w *waiter) want(ctx context.Context) bool {
 // marking reports whether the waiter's next attempt should mark the key when it finds
 // it held (wantMarker.acquireOrWant): once it is subscribed, while the listener
 // listens. It returns the marker and the wakes to pass to marked. A nil waiter never
-// marks.
+// marks, nor does a waiter for a permit: it marks with want, after its attempt.
 func (w *waiter) marking() (wantMarker, uint64, bool) {
-	if w == nil || w.ch == nil || !w.l.listening() {
+	if w == nil || w.ch == nil || w.permits > 0 || !w.l.listening() {
 		return nil, 0, false
 	}
 	return w.l.marker, w.wakes.Load(), true
@@ -199,8 +214,11 @@ func (l *listener) wakeAll() {
 }
 
 // released wakes the first in line of the waiters of a key whose release was
-// notified. Called with mu held.
+// notified; for a permit's row key, of its semaphore. Called with mu held.
 func (l *listener) released(key string) {
+	if sem, permit := splitPermitKey(key); permit > 0 {
+		key = sem + permitSeparator
+	}
 	queue := l.waiters[key]
 	if len(queue) == 0 {
 		return

@@ -12,31 +12,33 @@ import (
 )
 
 // The invariants, numbered as in issue 7, then 7 and 8 of the issue "Keep the lease's
-// promise on every path"; 0 collects problems of the run itself (a worker that exited
+// promise on every path", then 9 of issue 20 (semaphores); 0 collects problems of the run itself (a worker that exited
 // on its own, a fault that failed), which fail it too.
 const (
-	invRun      = 0
-	invCounters = 1
-	invOverlap  = 2
-	invSignal   = 3
-	invLeader   = 4
-	invJob      = 5
-	invBlind    = 6
-	invRenew    = 7
-	invGhost    = 8
-	invariants  = 9
+	invRun       = 0
+	invCounters  = 1
+	invOverlap   = 2
+	invSignal    = 3
+	invLeader    = 4
+	invJob       = 5
+	invBlind     = 6
+	invRenew     = 7
+	invGhost     = 8
+	invSemaphore = 9
+	invariants   = 10
 )
 
 var invariantNames = [invariants]string{
-	invRun:      "the run itself: no worker exits on its own, every fault is injected",
-	invCounters: "fenced counters equal their accepted writes (no lost update); tokens never go back",
-	invOverlap:  "fenced critical sections never overlap on the database clock; nor do a key's leases; a WithLock section ends before its key is handed back",
-	invSignal:   "every lost lock is signalled (context cancelled) by its expiry on the database clock, when its holder runs, whatever the ttls of its other locks",
-	invLeader:   "at most one leader with a live lease at any instant; OnLost only after OnAcquired",
-	invJob:      "the OnOneInstance job runs each tick at most once across the workers",
-	invBlind:    "the unfenced table loses updates under pauses (else the checker is blind)",
-	invRenew:    "a fenced transaction held open past the ttl costs its client no lock (neither its own nor another)",
-	invGhost:    "an acquisition abandoned in flight leaves no ghost: what the database granted is handed back, not left to expire",
+	invRun:       "the run itself: no worker exits on its own, every fault is injected",
+	invCounters:  "fenced counters equal their accepted writes (no lost update); tokens never go back",
+	invOverlap:   "fenced critical sections never overlap on the database clock; nor do a key's leases; a WithLock section ends before its key is handed back",
+	invSignal:    "every lost lock is signalled (context cancelled) by its expiry on the database clock, when its holder runs, whatever the ttls of its other locks",
+	invLeader:    "at most one leader with a live lease at any instant; OnLost only after OnAcquired",
+	invJob:       "the OnOneInstance job runs each tick at most once across the workers",
+	invBlind:     "the unfenced table loses updates under pauses (else the checker is blind)",
+	invRenew:     "a fenced transaction held open past the ttl costs its client no lock (neither its own nor another)",
+	invGhost:     "an acquisition abandoned in flight leaves no ghost: what the database granted is handed back, not left to expire",
+	invSemaphore: "never more than N holders of a semaphore at any instant on the database clock",
 }
 
 // maxDetails bounds the violations kept per invariant; all are counted.
@@ -114,6 +116,13 @@ type Stats struct {
 	GhostsStarved    int            // ... of those, excused: the evidence shows the machine kept the hand-back from running in time
 	GhostTime        []time.Duration
 	Failover         FailoverStats // failover runs (failover_check.go)
+
+	// The semaphore's (semaphore.go).
+	Permits       [3]int        // permit acquisitions (Acquire, WithPermit): ok, waited out their Wait, failed on an error
+	PermitWrites  [2]int        // fenced writes under a permit: ok, refused
+	PermitLeases  int           // permit leases in the database
+	MaxHolders    int           // the most live holders of the semaphore at once, on the database clock
+	SemaphoreFull time.Duration // how long all its permits (or more) were held
 }
 
 // TableStats counts one table's writes: as the clients saw them, and as the database
@@ -210,6 +219,7 @@ func check(h *History) *Result {
 	c.job()
 	c.longTxs()
 	c.ghosts()
+	c.semaphores()
 	c.handovers()
 	c.failovers()
 	return c.r
@@ -317,6 +327,7 @@ func (c *checker) run() {
 	}
 	for _, r := range c.h.Records {
 		switch {
+		case r.F == fAcquire && semaphoreOf(r.Key) == semKey: // semaphores counts them
 		case r.F == fAcquire && r.Type == typeOK:
 			c.r.Stats.AcquireOK++
 		case r.F == fAcquire && r.Type == typeFail && strings.HasPrefix(r.Err, pglock.ErrNotAcquired.Error()):

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/failover"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 )
@@ -54,8 +55,9 @@ var faultWeight = map[string]int{faultPause: 3, faultKill: 2, faultStop: 2, faul
 	faultDelay: 2, faultSlow: 1, faultRestart: 1}
 
 // The mutations: each restores in the workers an old behaviour of the library that the
-// issue "Keep the lease's promise on every path" fixed, so that a run (-mutate) shows
-// the checker catches it.
+// issue "Keep the lease's promise on every path" fixed (or, for count-then-take, a
+// semaphore as it is often first written), so that a run (-mutate) shows the checker
+// catches it.
 const (
 	mutOldClose    = "old-close"
 	mutOldRenewal  = "old-renewal"
@@ -84,6 +86,9 @@ var mutations = map[string]struct {
 	mutOldTokens: {"the run installs pglock.lock_acquire as migration 000011 left it (000012's down migration): tokens without " +
 		"the timeline's floor, so that a promoted standby that lost the old primary's last acquisitions hands out their tokens again; " +
 		"every asynchronous failover detaches the standby first", invCounters, faultFailover, failoverAsync},
+	mutCountThenTake: {"the run installs a pglock.sem_acquire that counts the live holders and, if fewer than N, takes the lowest " +
+		"free permit of 1 to 1000, with no turns on the semaphore's row (and 50 ms between the count and the take, a busy server): " +
+		"two acquisitions that count at once both take a permit", invSemaphore, "", ""},
 }
 
 // checkMutation returns an error for a mutation that does not exist.
@@ -98,6 +103,7 @@ func checkMutation(m string) error {
 type Config struct {
 	Workers  int           `json:"workers"`
 	Keys     int           `json:"keys"`
+	Permits  int           `json:"permits,omitempty"` // the semaphore's; 0 in histories from before it
 	TTL      time.Duration `json:"ttl"`
 	Duration time.Duration `json:"duration"`
 	Think    time.Duration `json:"think"` // the most a critical section waits between its reads and its writes
@@ -136,6 +142,8 @@ func (c *Config) check() error {
 		return errors.New("torture: want 2 workers or more")
 	case c.Keys < 1:
 		return errors.New("torture: want 1 key or more")
+	case c.Permits < 1 || c.Permits > pglock.MaxPermits:
+		return fmt.Errorf("torture: want 1 to %d permits", pglock.MaxPermits)
 	case c.TTL < 100*time.Millisecond:
 		return errors.New("torture: want a ttl of 100ms or more")
 	case c.Duration <= 0 || c.Tick <= 0 || c.Think < 0 || c.Burn <= 0 || c.Gap <= 0 || c.Slack < 0:
@@ -347,9 +355,12 @@ func (c *controller) setup(ctx context.Context) error {
 	if err := c.mutateTokens(ctx); err != nil {
 		return err
 	}
+	if err := c.mutateSemaphore(ctx); err != nil {
+		return err
+	}
 	for _, table := range counterTables {
-		if _, err := c.pool.Exec(ctx, "INSERT INTO torture."+table+" (key) SELECT 'k' || i FROM generate_series(0, $1 - 1) i",
-			c.cfg.Keys); err != nil {
+		if _, err := c.pool.Exec(ctx, "INSERT INTO torture."+table+" (key) SELECT 'k' || i FROM generate_series(0, $1 - 1) i UNION ALL SELECT unnest($2::text[])",
+			c.cfg.Keys, permitRows(c.cfg.Permits)); err != nil {
 			return err
 		}
 	}
@@ -366,7 +377,7 @@ func (c *controller) start(s *slot) error {
 		return err
 	}
 	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.addrs(), history: historyFile(c.cfg.Dir, id),
-		keys: c.cfg.Keys, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64(),
+		keys: c.cfg.Keys, permits: c.cfg.Permits, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64(),
 		mutate: c.cfg.Mutate}
 	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
@@ -636,7 +647,7 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 func (c *controller) holder(ctx context.Context) *slot {
 	for range 20 { // a key is almost always held; between two holders, look again
 		rows, err := c.pool.Query(ctx, `SELECT owner FROM pglock.locks
-			WHERE key LIKE 'k%' AND owner IS NOT NULL AND expires_at > clock_timestamp() ORDER BY key`)
+			WHERE (key LIKE 'k%' OR semaphore IS NOT NULL) AND owner IS NOT NULL AND expires_at > clock_timestamp() ORDER BY key`)
 		if err != nil {
 			return nil
 		}

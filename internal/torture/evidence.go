@@ -129,9 +129,10 @@ func union(spans []span) []span {
 	return merged
 }
 
-// callHas reports whether call r was about key for owner.
+// callHas reports whether call r was about key for owner: a permit's calls name its
+// row key (renewals, releases) or its semaphore's key (sem_acquire, sem_release).
 func callHas(r Record, key, owner string) bool {
-	if r.Key == key && r.Owner == owner {
+	if (r.Key == key || r.Key == semaphoreOf(key)) && r.Owner == owner {
 		return true
 	}
 	for i, k := range r.Keys {
@@ -259,11 +260,15 @@ func (c *checker) renewalAt(worker string, t time.Time) bool {
 func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 	var calls []string
 	for _, r := range c.calls[l.worker] {
-		if r.Reason == "lock_release_async" && callHas(r, l.key, l.owner) && sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
+		if (r.Reason == "lock_release_async" || r.Reason == "sem_release") && callHas(r, l.key, l.owner) && sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
 			calls = append(calls, describeCall(r))
 		}
 	}
-	down, who := c.machineDown(l.worker, "lock_acquire", l.start, l.expires)
+	acquire := "lock_acquire"
+	if isPermit(l.key) {
+		acquire = "sem_acquire"
+	}
+	down, who := c.machineDown(l.worker, acquire, l.start, l.expires)
 	why = "granted at " + stamp(l.start) + ", expired at " + stamp(l.expires) + "; " + who
 	if len(calls) == 0 {
 		why += "; no hand-back was sent"

@@ -7,8 +7,10 @@
 // column fence, one with a lock fence, one with none); now and then it holds a
 // FenceHeld transaction open past the ttl while it holds another lock. Every worker
 // also campaigns in one election, runs one OnOneInstance job on every 50 ms tick, which
-// records its tick fenced by its lease, holds two locks of different ttls side by side,
-// and probes keys with TryAcquire on a very short ctx. Meanwhile the nemesis pauses
+// records its tick fenced by its lease, takes permits of one semaphore and writes the
+// permits' own counters under them as under a key's lock, holds two locks of different
+// ttls side by side, and probes keys and the semaphore with TryAcquire on a very short
+// ctx. Meanwhile the nemesis pauses
 // holders (SIGSTOP past the ttl), kills workers, stops them cleanly in a WithLock
 // section, terminates a worker's backends, black-holes or slows its proxy, burns its
 // CPU, and restarts PostgreSQL, in an order and with timings drawn from a printed seed.
@@ -27,6 +29,7 @@
 //	go run ./internal/torture -duration 3m -restart=false -report ''   # on a server others use; print only
 //	go run ./internal/torture check -dir /tmp/pglock-torture-123    # check a run's histories again
 //	go run ./internal/torture -duration 1m -restart=false -report '' -mutate old-close   # must fail invariant 2
+//	go run ./internal/torture -duration 30s -restart=false -report '' -faults '' -mutate count-then-take   # must fail invariant 9
 //	go run ./internal/torture -duration 10m -failover async   # on a primary and a standby of its own, failed over every ~20 s
 //	go run ./internal/torture -duration 1m -failover async -report '' -mutate old-tokens   # must fail invariant 1
 //
@@ -92,7 +95,7 @@ func main() {
 // defaultConfig is the long run's configuration (the issue's), without its database.
 func defaultConfig() Config {
 	return Config{
-		Workers: 5, Keys: 3, TTL: time.Second, Duration: 10 * time.Minute,
+		Workers: 5, Keys: 3, Permits: 2, TTL: time.Second, Duration: 10 * time.Minute,
 		Think: 50 * time.Millisecond, Tick: 50 * time.Millisecond, Burn: time.Second,
 		Gap: 3 * time.Second, Slack: 100 * time.Millisecond,
 		Faults: []string{faultPause, faultKill, faultStop, faultTerminate, faultPartition, faultDelay, faultSlow},
@@ -104,6 +107,7 @@ func runController(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("torture", flag.ContinueOnError)
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker processes")
 	fs.IntVar(&cfg.Keys, "keys", cfg.Keys, "lock keys")
+	fs.IntVar(&cfg.Permits, "permits", cfg.Permits, "the semaphore's permits")
 	fs.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "the ttl of every lock, election and job lease")
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the nemesis runs")
 	fs.DurationVar(&cfg.Think, "think", cfg.Think, "the most a critical section waits between its reads and its writes")

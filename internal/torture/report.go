@@ -90,7 +90,7 @@ func summary(r *Result) string {
 	p("")
 	p("| operations | count |")
 	p("|---|---:|")
-	p("| acquisitions (Acquire and WithLock) | %d |", st.AcquireOK)
+	p("| acquisitions (Acquire and WithLock, locks) | %d |", st.AcquireOK)
 	p("| acquisitions that waited out their Wait / failed on an error | %d / %d |", st.AcquireBusy, st.AcquireErr)
 	p("| releases: ok / already lost | %d / %d |", st.ReleaseOK, st.ReleaseLost)
 	for _, t := range counterTables {
@@ -120,6 +120,12 @@ func summary(r *Result) string {
 		p("| ghost time (the key held by a ghost): p50 / p99 / max | %s / %s / %s |",
 			ms(percentile(st.GhostTime, 50)), ms(percentile(st.GhostTime, 99)), ms(slices.Max(st.GhostTime)))
 	}
+	p("| permit acquisitions (Semaphore Acquire and WithPermit, %d permits): ok / waited out their Wait / failed on an error | %d / %d / %d |",
+		cfg.Permits, st.Permits[0], st.Permits[1], st.Permits[2])
+	p("| permit leases in the database; the most live holders at once (database clock); time with every permit held | %d; %d; %s |",
+		st.PermitLeases, st.MaxHolders, ms(st.SemaphoreFull))
+	p("| fenced writes under a permit (`FenceUpdate` on the permit's row, `FenceHeld` with the semaphore's key): ok / refused | %d / %d |",
+		st.PermitWrites[0], st.PermitWrites[1])
 	p("| job runs (ticks run, all workers) / by a paused owner, after its lease expired | %d / %d |", st.TickRuns, st.TickZombies)
 	p("| leadership terms | %d |", st.LeaderTerms)
 	p("| history records | %d |", st.Records)
@@ -278,9 +284,15 @@ const method = `## How it works
   ignore the lock's ctx: every stale write reaches the database, so the fences alone must refuse them. Every 4 to
   8 ttl a worker instead takes a lock of its own, then a key, and writes the key's lock-fenced counter in a
   transaction that it keeps open 1.2 to 1.6 ttl after its ` + "`FenceHeld`" + ` write (whose row lock on the lock row
-  lasts as long), then commits. Beside the loop each worker holds, 2 to 4 ttl at a time, a lock of ttl and one of
-  2 ttl; probes, every ttl/8 to ttl/2, a key (one of the K, or its own) with ` + "`TryAcquire`" + ` on a ctx of ttl/50;
-  campaigns for one election; and runs one ` + "`OnOneInstance`" + ` job on every 50 ms boundary of the wall clock (so a
+  lasts as long), then commits. Beside it, a second loop takes a permit of one semaphore of N permits (` + "`-permits`" + `,
+  2; every worker asks for the same N), half the time between ` + "`Semaphore.Acquire`" + ` and ` + "`Release`" + `, half in a
+  ` + "`WithPermit`" + ` section, and does read-modify-writes on the permit's own rows (one per permit number) of the two
+  fenced tables (` + "`FenceUpdate`" + ` on the permit's token, ` + "`FenceHeld`" + ` with the semaphore's key and the permit's
+  token), thinking ttl/3 to 2 ttl/3 between its reads and its writes, then rests ttl/10 to ttl/2: permits are held
+  long and renewed, and a pause often lands in a holder's think time. A permit is a lock row of its own (the
+  semaphore's key, U+001F, its number), so every invariant below that speaks of a key speaks of each permit too. Beside the loops each worker holds, 2 to 4 ttl at a time, a
+  lock of ttl and one of 2 ttl; probes, every ttl/8 to ttl/2, a key (one of the K, its own, or the semaphore)
+  with ` + "`TryAcquire`" + ` on a ctx of ttl/50; campaigns for one election; and runs one ` + "`OnOneInstance`" + ` job on every 50 ms boundary of the wall clock (so a
   tick's number names it in every worker), which writes its tick to a row, fenced by its lease with ` + "`FenceHeld`" + `.
   On SIGTERM a worker calls ` + "`Close`" + ` while all this runs.
 - **Nemesis** (one fault at a time, random order and timing from the seed): *pause* SIGSTOPs a worker that holds a
@@ -344,6 +356,12 @@ const method = `## How it works
    the lease (counted apart: the hand-back follows the reply, which follows the commit). A slow link, and a hand-back
    that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
    time is how long such a lease held its key.
+9. For each semaphore, the permits' leases (from their acquisition to their release or expiry, on the database
+   clock, as for a lock) never number more than its N at any instant; a lease ending at the instant another starts
+   is not live with it. No fault excuses it: a paused or cut-off holder's lease ends at its expiry, and only the
+   fences stop its writes (1 and 2, on the permit's rows). ` + "`-mutate count-then-take`" + ` installs a ` + "`sem_acquire`" + `
+   that counts the live holders and takes a free permit of 1 to 1000 with no turns on the semaphore's row: two
+   acquisitions that count at once both take one, and invariant 9 fails.
 
 Handover is the time a key had no holder: from a release to the next acquisition by a worker already waiting, and
 from a kill to the next acquisition of what the killed worker held (a lock's lease runs out its ttl first).

@@ -81,8 +81,8 @@ func TestTortureFailover(t *testing.T) {
 
 // TestTortureMutation runs the torture test with an old behaviour restored
 // (PGLOCK_TORTURE_MUTATE=old-close, old-renewal, old-acquire, old-deadline, or
-// old-tokens, which runs across asynchronous failovers) and only the fault that walks
-// its path, for 30 s, and requires the invariant the mutation names to fail: the
+// old-tokens, which runs across asynchronous failovers), or the semaphore's
+// count-then-take, and only the fault that walks its path, for 30 s, and requires the invariant the mutation names to fail: the
 // checker sees it in a real run, not only in the histories of
 // TestCheckerCatchesTheOldBehaviours. It runs only when asked.
 func TestTortureMutation(t *testing.T) {
@@ -170,6 +170,11 @@ func TestCheckerCatchesEachViolation(t *testing.T) {
 	clean := check(baseline())
 	require.False(t, clean.Failed(), "the baseline history is clean: %v", clean.Details)
 	require.Equal(t, 1, clean.Stats.LostUpdates, "the baseline's unfenced table lost one increment")
+	require.Equal(t, [3]int{3, 0, 0}, clean.Stats.Permits)
+	require.Equal(t, 3, clean.Stats.PermitLeases)
+	require.Equal(t, 2, clean.Stats.MaxHolders, "a permit released at 800 and taken at 800 is held once")
+	require.Equal(t, 250*time.Millisecond, clean.Stats.SemaphoreFull, "both permits held from 650 to 900")
+	require.Equal(t, 2, clean.Stats.AcquireOK, "the permits' acquisitions are counted apart")
 
 	for _, tc := range []struct {
 		name   string
@@ -245,6 +250,12 @@ func TestCheckerCatchesEachViolation(t *testing.T) {
 			w.Old, w.New = 1, 2
 			h.Final[tableUnfenced]["k0"] = 2
 		}},
+		{"MorePermitHoldersThanPermits", invSemaphore, thirdPermit},
+		{"PermitHeldTwice", invOverlap, func(h *History) {
+			holdPermit(h, "w1.1", 2, 53, 1000, 1100)
+			holdPermit(h, "w2.1", 2, 54, 1050, 1080) // two holders of the one permit, none of the other
+			slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
+		}},
 		{"WorkerExitsOnItsOwn", invRun, func(h *History) {
 			h.Lives[1].Exit = "exit status 1"
 		}},
@@ -317,7 +328,7 @@ func findWrite(h *History, table, op string) *WriteRow {
 // ticks 100 to 102.
 func baseline() *History {
 	h := &History{
-		Config: Config{Workers: 2, Keys: 1, TTL: time.Second, Slack: 100 * time.Millisecond},
+		Config: Config{Workers: 2, Keys: 1, Permits: 2, TTL: time.Second, Slack: 100 * time.Millisecond},
 		Lives:  []Life{{ID: "w1.1", Slot: 1, Start: at(0), End: at(10000)}, {ID: "w2.1", Slot: 2, Start: at(0), End: at(10000)}},
 		Final:  map[string]map[string]int64{tableColumn: {"k0": 2}, tableLock: {"k0": 2}, tableUnfenced: {"k0": 1}, tableJob: {"tick": 102}},
 	}
@@ -378,8 +389,41 @@ func baseline() *History {
 			OldToken: 6, NewToken: 6, At: at(101 + 50*i)})
 	}
 	lease(jobLeaseKey, "", 6, 9500, 9999)
+
+	// The semaphore's two permits: w1.1 holds permit 1 from 600 to 800, when w2.1 takes
+	// it; w2.1 holds permit 2 from 650 to 900.
+	for _, p := range []struct {
+		w              string
+		permit         int
+		token          int64
+		from, released int
+	}{{"w1.1", 1, 50, 600, 800}, {"w2.1", 2, 51, 650, 900}, {"w2.1", 1, 52, 800, 950}} {
+		holdPermit(h, p.w, p.permit, p.token, p.from, p.released)
+	}
 	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 	return h
+}
+
+// holdPermit adds to h w's acquisition of the semaphore's permit at from, with token,
+// and its release at released.
+func holdPermit(h *History, w string, permit int, token int64, from, released int) {
+	key, owner := permitRowKey(semKey, permit), w+"/s"+strconv.FormatInt(token, 10)
+	n := int64(len(h.Leases))
+	h.Leases = append(h.Leases, LeaseRow{ID: n + 1, Key: key, Owner: owner, Token: token, ExpiresAt: at(from + 1000), At: at(from)},
+		LeaseRow{ID: n + 2, Key: key, Token: token, ExpiresAt: at(from + 1000), At: at(released)})
+	h.Records = append(h.Records,
+		Record{Worker: w, Type: typeInvoke, F: fAcquire, Key: semKey, Local: at(from - 5)},
+		Record{Worker: w, Type: typeOK, F: fAcquire, Key: key, Owner: owner, Token: token, Start: at(from - 5), Local: at(from + 1)},
+		Record{Worker: w, Type: typeEvent, F: string(pglock.EventAcquired), Key: key, Owner: owner, Token: token, Local: at(from + 1)},
+		Record{Worker: w, Type: typeInvoke, F: fRelease, Key: key, Owner: owner, Token: token, Local: at(released - 1)},
+		Record{Worker: w, Type: typeOK, F: fRelease, Key: key, Owner: owner, Token: token, Local: at(released)})
+}
+
+// thirdPermit is what count-then-take does: w1.1 takes permit 3 of the semaphore's 2
+// while both are held.
+func thirdPermit(h *History) {
+	holdPermit(h, "w1.1", 3, 53, 700, 750)
+	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 }
 
 // Each old behaviour that the issue "Keep the lease's promise on every path" fixed, as
@@ -439,6 +483,7 @@ func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
 	// acquisition of token 10: the new primary's sequence, behind the old one's, hands
 	// the next holder token 9 (see withFailover).
 	cases[mutOldTokens] = func(h *History) { withFailover(h, failoverAsync, 9) }
+	cases[mutCountThenTake] = thirdPermit
 	require.ElementsMatch(t, slices.Collect(maps.Keys(mutations)), slices.Collect(maps.Keys(cases)), "a case for every mutation")
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -681,4 +726,37 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	r = check(h)
 	require.Equal(t, 1, r.Violations[invGhost], "a hand-back that waited for a connection: %v", r.Details)
 	require.Contains(t, r.Details[invGhost][0], "waited 1.09s for a connection")
+}
+
+// A permit granted to an acquisition abandoned in flight is a ghost like a lock's: its
+// evidence is the semaphore's calls (sem_acquire's WAL waits, the sem_release that
+// hands back a permit of unknown number), and permit leases are counted under invariant 8.
+func TestCheckerWeighsAPermitGhostsEvidence(t *testing.T) {
+	t.Parallel()
+	ghost := func() *History {
+		h := baseline()
+		h.Leases = append(h.Leases, LeaseRow{ID: 100, Key: permitRowKey(semKey, 2), Owner: "w2.1/p", Token: 60, ExpiresAt: at(3000), At: at(2000)})
+		return h
+	}
+	h := ghost()
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "sem_release", Key: semKey, Owner: "w2.1/p",
+		Pool: at(2010), Start: at(3100), Local: at(3150)})
+	r := check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "%v", r.Details)
+	require.Contains(t, r.Details[invGhost][0], "the hand-back: sem_release asked the pool at")
+
+	h = ghost()
+	q := "SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"
+	h.Waits = []Wait{{At: at(2000), Worker: "w2.1", PID: 7, Type: "IO", Event: "WALSync", Query: q, Since: at(1995)},
+		{At: at(2980), Worker: "w2.1", PID: 7, Type: "LWLock", Event: "WALWrite", Query: q, Since: at(1995)}}
+	r = check(h)
+	require.False(t, r.Failed(), "the acquisition's commit waited for the WAL flush past the expiry: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+}
+
+func TestPglockCallNamesTheSemaphoresCalls(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "sem_acquire", pglockCall("SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"))
+	require.Equal(t, "lock_acquire", pglockCall("SELECT pglock.lock_acquire($1, $2, $3)"))
+	require.Empty(t, pglockCall("UPDATE t SET v = 1 WHERE pglock.lock_held($1, $2)"))
 }

@@ -110,10 +110,14 @@ func (t *callTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, data pgx.Tr
 	t.h.add(r)
 }
 
-// pglockCall returns the name of the pglock function a statement of the client calls,
-// or "" for any other statement (the workers' own, lock_held in their fences included).
+// pglockCall returns the name of the pglock function a statement of the client calls
+// (lock_ and sem_ functions), or "" for any other statement (the workers' own,
+// lock_held in their fences included).
 func pglockCall(sql string) string {
 	i := strings.Index(sql, "pglock.lock_")
+	if i < 0 {
+		i = strings.Index(sql, "pglock.sem_")
+	}
 	if i < 0 {
 		return ""
 	}
@@ -171,7 +175,7 @@ func sampleWaits(ctx context.Context, url string, add func(Wait)) {
 	       coalesce((SELECT array_agg(left(b.query, 120)) FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '{}')
 	FROM pg_stat_activity a
 	WHERE a.datname = current_database() AND a.application_name LIKE 'pglock-torture/%' AND a.state = 'active'
-	  AND a.wait_event_type IN ('Lock', 'LWLock', 'IO') AND a.query LIKE '%pglock.lock\_%'`
+	  AND a.wait_event_type IN ('Lock', 'LWLock', 'IO') AND (a.query LIKE '%pglock.lock\_%' OR a.query LIKE '%pglock.sem\_%')`
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {

@@ -51,6 +51,7 @@ type workerConfig struct {
 	dial    string // host:port of the worker's proxy; one per host of db, in its order
 	history string
 	keys    int
+	permits int // the semaphore's
 	ttl     time.Duration
 	think   time.Duration
 	tick    time.Duration
@@ -61,7 +62,7 @@ type workerConfig struct {
 
 func (c workerConfig) args() []string {
 	return []string{"worker", "-id", c.id, "-db", c.db, "-dial", c.dial, "-history", c.history,
-		"-keys", strconv.Itoa(c.keys), "-ttl", c.ttl.String(), "-think", c.think.String(),
+		"-keys", strconv.Itoa(c.keys), "-permits", strconv.Itoa(c.permits), "-ttl", c.ttl.String(), "-think", c.think.String(),
 		"-tick", c.tick.String(), "-burn", c.burn.String(), "-seed", strconv.FormatUint(c.seed, 10), "-mutate", c.mutate}
 }
 
@@ -73,6 +74,7 @@ func parseWorkerFlags(args []string) (workerConfig, error) {
 	fs.StringVar(&c.dial, "dial", "", "host:port to connect to instead of the URL's (the proxy); a comma-separated list, one per host of the URL, in its order")
 	fs.StringVar(&c.history, "history", "", "the history file")
 	fs.IntVar(&c.keys, "keys", 3, "the number of lock keys")
+	fs.IntVar(&c.permits, "permits", 2, "the semaphore's permits")
 	fs.DurationVar(&c.ttl, "ttl", time.Second, "the locks' ttl")
 	fs.DurationVar(&c.think, "think", 50*time.Millisecond, "the most time between the reads and the writes")
 	fs.DurationVar(&c.tick, "tick", 50*time.Millisecond, "the job's schedule")
@@ -82,8 +84,8 @@ func parseWorkerFlags(args []string) (workerConfig, error) {
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
-	if c.id == "" || c.db == "" || c.dial == "" || c.history == "" || c.keys < 1 {
-		return c, errors.New("worker: -id, -db, -dial, -history and -keys >= 1 are required")
+	if c.id == "" || c.db == "" || c.dial == "" || c.history == "" || c.keys < 1 || c.permits < 1 {
+		return c, errors.New("worker: -id, -db, -dial, -history, -keys >= 1 and -permits >= 1 are required")
 	}
 	if err := checkMutation(c.mutate); err != nil {
 		return c, err
@@ -98,6 +100,7 @@ type worker struct {
 	client *pglock.Client
 	h      *historyWriter
 	rng    *rand.Rand // the lock loop's only
+	sem    *pglock.Semaphore
 	ops    atomic.Int64
 	// inSection is the lock of the WithLock section running now, if any: the one the
 	// old-close mutation hands back under it.
@@ -123,7 +126,10 @@ func runWorker(args []string) error {
 	}
 	cc.ConnectTimeout = 2 * time.Second
 	cc.RuntimeParams["application_name"] = appName(cfg.id)
-	pcfg.MaxConns = 6
+	// One connection per loop that runs statements (the lock loop, whose fenced
+	// transaction holds one, the semaphore loop, the two-ttl pair, the probes, the
+	// ticks), and room for the client's renewals and hand-backs.
+	pcfg.MaxConns = 7
 	h, err := openHistory(cfg.history, cfg.id)
 	if err != nil {
 		return err
@@ -164,8 +170,8 @@ func appName(id string) string { return "pglock-torture/" + id }
 // closeTimeout bounds the worker's Client.Close.
 const closeTimeout = 10 * time.Second
 
-// run starts the election, the job's ticks, the lock loop, the two-ttl holder, the
-// probes and the CPU burner. When ctx ends it closes the client while they still run,
+// run starts the election, the job's ticks, the lock loop, the semaphore loop, the
+// two-ttl holder, the probes and the CPU burner. When ctx ends it closes the client while they still run,
 // as a service does on SIGTERM (a WithLock section may be half done: Close must wait
 // for it), then waits for them.
 func (w *worker) run(ctx context.Context) error {
@@ -176,10 +182,14 @@ func (w *worker) run(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, w.close(ctx))
 	}
+	if w.sem, err = w.client.Semaphore(semKey, w.cfg.permits); err != nil {
+		return errors.Join(err, w.close(ctx))
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ticks(ctx, job) })
 	wg.Go(func() { w.burner(ctx) })
 	wg.Go(func() { w.lockLoop(ctx) })
+	wg.Go(func() { w.semLoop(ctx) })
 	wg.Go(func() { w.twoTTLs(ctx) })
 	wg.Go(func() { w.probes(ctx) })
 	<-ctx.Done()
@@ -205,8 +215,8 @@ func (w *worker) mutateOnClose() {
 	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 	defer cancel()
 	var ok bool
-	err := w.pool.QueryRow(ctx, "SELECT pglock.lock_release($1, $2)", l.Key(), l.Owner()).Scan(&ok)
-	w.h.add(with(Record{Type: typeEvent, F: fMutate, Key: l.Key(), Owner: l.Owner(), Token: l.Token(),
+	err := w.pool.QueryRow(ctx, "SELECT pglock.lock_release($1, $2)", rowKey(l), l.Owner()).Scan(&ok)
+	w.h.add(with(Record{Type: typeEvent, F: fMutate, Key: rowKey(l), Owner: l.Owner(), Token: l.Token(),
 		Reason: mutOldClose + ": handed back under a running section: " + strconv.FormatBool(ok)}, typeEvent, time.Time{}, err))
 }
 
@@ -219,7 +229,7 @@ func (w *worker) op() string {
 func (w *worker) event(ev pglock.Event) {
 	switch ev.Type {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
-		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: ev.Key, Owner: ev.Owner, Token: ev.Token,
+		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: permitRowKey(ev.Key, ev.Permit), Owner: ev.Owner, Token: ev.Token,
 			Reason: string(ev.Reason), Local: ev.Time})
 	case pglock.EventRenewal:
 		r := Record{Type: typeEvent, F: fRenewal, Start: ev.Time.Add(-ev.Duration), Local: ev.Time}
@@ -242,23 +252,33 @@ func (w *worker) lockLoop(ctx context.Context) {
 			w.longTx(ctx, key)
 			longTx = time.Now().Add(between(w.rng, 4*w.cfg.ttl, 8*w.cfg.ttl))
 		case w.rng.IntN(2) == 0:
-			w.withLock(ctx, key)
+			w.withLock(ctx, w.rng, key, func(ctx context.Context, fn func(context.Context) error) error {
+				return w.client.WithLock(ctx, key, fn, pglock.Wait(5*w.cfg.ttl))
+			})
 		default:
-			w.acquireRelease(ctx, key)
+			w.acquireRelease(ctx, w.rng, key, func() (*pglock.Lock, error) {
+				return w.client.Acquire(ctx, key, pglock.Wait(5*w.cfg.ttl))
+			})
 		}
 	}
 }
 
 // acquire takes key with Acquire and records the attempt.
 func (w *worker) acquire(ctx context.Context, key string, opts ...pglock.AcquireOption) (*pglock.Lock, error) {
+	return w.take(ctx, key, func() (*pglock.Lock, error) { return w.client.Acquire(ctx, key, opts...) })
+}
+
+// take records an acquisition of key (a lock's, or a semaphore's) by acquire: its
+// completion names the lock by its row key (rowKey).
+func (w *worker) take(ctx context.Context, key string, acquire func() (*pglock.Lock, error)) (*pglock.Lock, error) {
 	start := time.Now()
 	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
-	l, err := w.client.Acquire(ctx, key, opts...)
+	l, err := acquire()
 	if err != nil {
 		w.acquireFailed(ctx, key, start, err)
 		return nil, err
 	}
-	w.h.add(Record{Type: typeOK, F: fAcquire, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+	w.h.add(Record{Type: typeOK, F: fAcquire, Key: rowKey(l), Owner: l.Owner(), Token: l.Token(), Start: start})
 	return l, nil
 }
 
@@ -271,13 +291,13 @@ func (w *worker) acquireFailed(ctx context.Context, key string, start time.Time,
 
 // release gives l back and records it.
 func (w *worker) release(l *pglock.Lock) {
-	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()})
+	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: rowKey(l), Owner: l.Owner(), Token: l.Token()})
 	w.h.add(released(l, l.Release(context.Background())))
 }
 
 // released is the completion record of l's release, which returned err.
 func released(l *pglock.Lock, err error) Record {
-	r := Record{Type: typeOK, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}
+	r := Record{Type: typeOK, F: fRelease, Key: rowKey(l), Owner: l.Owner(), Token: l.Token()}
 	if err != nil {
 		r.Type, r.Err = typeFail, err.Error()
 		var lost *pglock.LockLostError
@@ -296,39 +316,41 @@ func (w *worker) watch(l *pglock.Lock) (stop func() bool) {
 
 func (w *worker) lostCtx(l *pglock.Lock) {
 	if cause := context.Cause(l.Context()); errors.Is(cause, pglock.ErrLockLost) {
-		w.h.add(Record{Type: typeEvent, F: fCtxLost, Key: l.Key(), Owner: l.Owner(), Token: l.Token(), Reason: cause.Error()})
+		w.h.add(Record{Type: typeEvent, F: fCtxLost, Key: rowKey(l), Owner: l.Owner(), Token: l.Token(), Reason: cause.Error()})
 	}
 }
 
-// acquireRelease is a critical section between Acquire and Release.
-func (w *worker) acquireRelease(ctx context.Context, key string) {
-	l, err := w.acquire(ctx, key, pglock.Wait(5*w.cfg.ttl))
+// acquireRelease is a critical section between an acquisition of key (a lock's, or a
+// semaphore's) by acquire and Release.
+func (w *worker) acquireRelease(ctx context.Context, rng *rand.Rand, key string, acquire func() (*pglock.Lock, error)) {
+	l, err := w.take(ctx, key, acquire)
 	if err != nil {
 		return
 	}
 	unwatch := w.watch(l)
-	w.critical(l)
+	w.critical(rng, l)
 	w.release(l)
 	unwatch()
 }
 
-// withLock runs a WithLock section on key (see section). Its ctx is not the worker's:
-// only Close, or a loss, cancels the section, as in a service whose work in hand
-// outlives the signal that starts its shutdown.
-func (w *worker) withLock(ctx context.Context, key string) {
+// withLock runs a section (see section) under key (a lock's, or a semaphore's) by run:
+// WithLock, or WithPermit. Its ctx is not the worker's: only Close, or a loss, cancels
+// the section, as in a service whose work in hand outlives the signal that starts its
+// shutdown.
+func (w *worker) withLock(ctx context.Context, rng *rand.Rand, key string, run func(ctx context.Context, fn func(context.Context) error) error) {
 	start := time.Now()
 	w.h.add(Record{Type: typeInvoke, F: fAcquire, Key: key, Local: start})
 	var (
 		l       *pglock.Lock
 		unwatch = func() bool { return false }
 	)
-	err := w.client.WithLock(context.WithoutCancel(ctx), key, func(ctx context.Context) error {
+	err := run(context.WithoutCancel(ctx), func(ctx context.Context) error {
 		l, _ = pglock.FromContext(ctx)
-		w.h.add(Record{Type: typeOK, F: fAcquire, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+		w.h.add(Record{Type: typeOK, F: fAcquire, Key: rowKey(l), Owner: l.Owner(), Token: l.Token(), Start: start})
 		unwatch = w.watch(l)
-		w.section(ctx, l)
+		w.section(ctx, rng, l)
 		return nil
-	}, pglock.Wait(5*w.cfg.ttl))
+	})
 	if l == nil {
 		w.acquireFailed(ctx, key, start, err)
 		return
@@ -342,28 +364,28 @@ func (w *worker) withLock(ctx context.Context, key string) {
 // ttl/3 more, as a function finishing the work in hand does before it returns; the
 // fences refuse its writes once the lock is gone. The lock must not be handed back
 // before it returns (invariant 2): its last record is the section's end.
-func (w *worker) section(ctx context.Context, l *pglock.Lock) {
-	base := Record{F: fSection, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}
+func (w *worker) section(ctx context.Context, rng *rand.Rand, l *pglock.Lock) {
+	base := Record{F: fSection, Key: rowKey(l), Owner: l.Owner(), Token: l.Token()}
 	w.h.add(with(base, typeInvoke, time.Time{}, nil))
 	w.inSection.Store(l)
-	for range 1 + w.rng.IntN(3) {
+	for range 1 + rng.IntN(3) {
 		if ctx.Err() != nil {
 			break
 		}
-		w.critical(l)
+		w.critical(rng, l)
 	}
 	if ctx.Err() != nil {
 		cause := context.Cause(ctx)
 		r := with(base, typeEvent, time.Time{}, cause)
 		r.F, r.Reason = fCancel, causeKind(cause)
 		w.h.add(r)
-		for until := time.Now().Add(between(w.rng, w.cfg.ttl/5, w.cfg.ttl/3)); time.Now().Before(until); {
-			w.critical(l)
+		for until := time.Now().Add(between(rng, w.cfg.ttl/5, w.cfg.ttl/3)); time.Now().Before(until); {
+			w.critical(rng, l)
 		}
 	}
-	w.inSection.Store(nil)
+	w.inSection.CompareAndSwap(l, nil) // the other loop's section may have taken its place
 	w.h.add(with(base, typeOK, time.Time{}, nil))
-	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: l.Key(), Owner: l.Owner(), Token: l.Token()}) // WithLock's, next
+	w.h.add(Record{Type: typeInvoke, F: fRelease, Key: rowKey(l), Owner: l.Owner(), Token: l.Token()}) // WithLock's (WithPermit's), next
 }
 
 // Why a WithLock section's ctx was cancelled, in the Reason of its fCancel record.
@@ -512,16 +534,19 @@ func (w *worker) watchShort(short, long *pglock.Lock) (stop func() bool) {
 // under it every probe gives up while its statement is on the wire.
 func probeTimeout(ttl time.Duration) time.Duration { return ttl / 50 }
 
-// probes tries, every ttl/8 to ttl/2, one of the keys or a key of its own (always
-// free) with TryAcquire on a ctx of probeTimeout. Through a slow link the ctx ends with
+// probes tries, every ttl/8 to ttl/2, a key of its own (always free; half the time),
+// one of the keys or the semaphore with TryAcquire on a ctx of probeTimeout. Through a slow link the ctx ends with
 // the statement in flight, and the database may grant the key all the same: the client
 // must hand back whatever it may have been granted (invariant 8).
 func (w *worker) probes(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(w.cfg.seed, 3))
 	for sleep(ctx, between(rng, w.cfg.ttl/8, w.cfg.ttl/2)) {
 		key := "probe/" + w.cfg.id
-		if rng.IntN(2) == 0 {
+		switch rng.IntN(4) {
+		case 0:
 			key = "k" + strconv.Itoa(rng.IntN(w.cfg.keys))
+		case 1:
+			key = semKey
 		}
 		w.probe(ctx, key)
 	}
@@ -532,16 +557,24 @@ func (w *worker) probe(ctx context.Context, key string) {
 	defer cancel()
 	start := time.Now()
 	w.h.add(Record{Type: typeInvoke, F: fProbe, Key: key, Local: start})
-	if w.cfg.mutate == mutOldAcquire {
+	var (
+		l   *pglock.Lock
+		err error
+	)
+	switch {
+	case key == semKey:
+		l, err = w.sem.TryAcquire(ctx)
+	case w.cfg.mutate == mutOldAcquire:
 		w.probeSQL(ctx, key, start)
 		return
+	default:
+		l, err = w.client.TryAcquire(ctx, key)
 	}
-	l, err := w.client.TryAcquire(ctx, key)
 	if err != nil {
 		w.h.add(Record{Type: typeFail, F: fProbe, Key: key, Start: start, Err: err.Error()})
 		return
 	}
-	w.h.add(Record{Type: typeOK, F: fProbe, Key: key, Owner: l.Owner(), Token: l.Token(), Start: start})
+	w.h.add(Record{Type: typeOK, F: fProbe, Key: rowKey(l), Owner: l.Owner(), Token: l.Token(), Start: start})
 	unwatch := w.watch(l)
 	w.release(l)
 	unwatch()
@@ -581,20 +614,30 @@ type rmw struct {
 	value int64 // read
 }
 
-// critical reads key's counter in each table (in a random order), thinks, and writes
-// value+1 to each (in another random order). A pause anywhere in the think time
-// leaves three stale writes to land after a successor's.
-func (w *worker) critical(l *pglock.Lock) {
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+// critical reads l's counter (the row of its row key) in each table (in a random
+// order), thinks, and writes value+1 to each (in another random order). A pause
+// anywhere in the think time leaves three stale writes to land after a successor's.
+// A permit's holder writes only the fenced tables and thinks ttl/3 to 2 ttl/3: a
+// permit is held long (renewed, and paused in its think time) for few writes.
+func (w *worker) critical(rng *rand.Rand, l *pglock.Lock) {
+	if l.Permit() > 0 {
+		w.readThinkWrite(rng, l, []string{tableColumn, tableLock}, between(rng, w.cfg.ttl/3, 2*w.cfg.ttl/3))
+		return
+	}
+	w.readThinkWrite(rng, l, counterTables, time.Duration(rng.Int64N(int64(w.cfg.think)+1)))
+}
+
+func (w *worker) readThinkWrite(rng *rand.Rand, l *pglock.Lock, tables []string, think time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout+think)
 	defer cancel()
 	var done []rmw
-	for _, i := range w.rng.Perm(len(counterTables)) {
-		if r, ok := w.read(ctx, l, counterTables[i]); ok {
+	for _, i := range rng.Perm(len(tables)) {
+		if r, ok := w.read(ctx, l, tables[i]); ok {
 			done = append(done, r)
 		}
 	}
-	sleep(ctx, time.Duration(w.rng.Int64N(int64(w.cfg.think)+1)))
-	w.rng.Shuffle(len(done), func(i, j int) { done[i], done[j] = done[j], done[i] })
+	sleep(ctx, think)
+	rng.Shuffle(len(done), func(i, j int) { done[i], done[j] = done[j], done[i] })
 	for _, r := range done {
 		w.write(ctx, l, r)
 	}
@@ -602,47 +645,50 @@ func (w *worker) critical(l *pglock.Lock) {
 
 func (w *worker) read(ctx context.Context, l *pglock.Lock, table string) (rmw, bool) {
 	r := rmw{table: table, op: w.op()}
-	q, args := "SELECT value, clock_timestamp() FROM torture."+table+" WHERE key = $1", []any{l.Key()}
+	row := rowKey(l)
+	q, args := "SELECT value, clock_timestamp() FROM torture."+table+" WHERE key = $1", []any{row}
 	if table == tableColumn {
 		// The claim: a column fence alone refuses only writes older than the row's last
 		// one, so the reader records its token first (see fencing_test.go).
 		var err error
 		q, args, err = pglock.FenceUpdate("UPDATE torture.column_fenced SET value = value WHERE key = $1 RETURNING value, clock_timestamp()",
-			"token", l.Token(), l.Key())
+			"token", l.Token(), row)
 		if err != nil {
 			panic(err) // a constant query: a bug
 		}
 	}
-	w.h.add(Record{Type: typeInvoke, F: fRead, Table: table, Key: l.Key(), Op: r.op, Token: l.Token()})
+	w.h.add(Record{Type: typeInvoke, F: fRead, Table: table, Key: row, Op: r.op, Token: l.Token()})
 	var at time.Time
 	err := w.pool.QueryRow(ctx, q, args...).Scan(&r.value, &at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		w.h.add(Record{Type: typeFail, F: fRead, Table: table, Key: l.Key(), Op: r.op, Token: l.Token(), Reason: "claim refused"})
+		w.h.add(Record{Type: typeFail, F: fRead, Table: table, Key: row, Op: r.op, Token: l.Token(), Reason: "claim refused"})
 		return r, false
 	case err != nil:
-		w.h.add(Record{Type: typeUnknown, F: fRead, Table: table, Key: l.Key(), Op: r.op, Token: l.Token(), Err: err.Error()})
+		w.h.add(Record{Type: typeUnknown, F: fRead, Table: table, Key: row, Op: r.op, Token: l.Token(), Err: err.Error()})
 		return r, false
 	}
-	w.h.add(Record{Type: typeOK, F: fRead, Table: table, Key: l.Key(), Op: r.op, Token: l.Token(), Read: r.value, DB: at})
+	w.h.add(Record{Type: typeOK, F: fRead, Table: table, Key: row, Op: r.op, Token: l.Token(), Read: r.value, DB: at})
 	return r, true
 }
 
 func (w *worker) write(ctx context.Context, l *pglock.Lock, r rmw) {
 	const update = "UPDATE torture.%s SET value = $1, token = $2, op = $3 WHERE key = $4 RETURNING clock_timestamp()"
-	q, args := fmt.Sprintf(update, r.table), []any{r.value + 1, l.Token(), r.op, l.Key()}
+	row := rowKey(l)
+	q, args := fmt.Sprintf(update, r.table), []any{r.value + 1, l.Token(), r.op, row}
 	var err error
 	switch r.table {
 	case tableColumn:
 		q, args, err = pglock.FenceUpdate("UPDATE torture.column_fenced SET value = $1, op = $2 WHERE key = $3 RETURNING clock_timestamp()",
-			"token", l.Token(), r.value+1, r.op, l.Key())
+			"token", l.Token(), r.value+1, r.op, row)
 	case tableLock:
+		// A permit is fenced by its semaphore's key and its token.
 		q, args, err = pglock.FenceHeld(q, l.Key(), l.Token(), args...)
 	}
 	if err != nil {
 		panic(err) // constant queries: a bug
 	}
-	base := Record{F: fWrite, Table: r.table, Key: l.Key(), Op: r.op, Token: l.Token(), Read: r.value, Wrote: r.value + 1}
+	base := Record{F: fWrite, Table: r.table, Key: row, Op: r.op, Token: l.Token(), Read: r.value, Wrote: r.value + 1}
 	w.h.add(with(base, typeInvoke, time.Time{}, nil))
 	w.h.add(w.exec(ctx, base, q, args))
 }

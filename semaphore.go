@@ -1,0 +1,172 @@
+package pglock
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// permitSeparator separates a semaphore's key from a permit's number in the permit's
+// row key (migrations/000013_semaphores.up.sql). checkKey refuses it in every key, so
+// that no lock's key is ever a permit's.
+const permitSeparator = "\x1f"
+
+// maxSemaphoreKeyLength is the longest semaphore key: U+001F and up to 4 digits keep a
+// permit's row key within MaxKeyLength.
+const maxSemaphoreKeyLength = MaxKeyLength - 5
+
+// permitKey returns the row key of permit of the semaphore key.
+func permitKey(key string, permit int) string {
+	return key + permitSeparator + strconv.Itoa(permit)
+}
+
+// splitPermitKey returns the semaphore key and permit number of a permit's row key,
+// and (rowKey, 0) for a lock's key. It is the one place a row key is read back.
+func splitPermitKey(rowKey string) (key string, permit int) {
+	key, num, ok := strings.Cut(rowKey, permitSeparator)
+	if !ok || num == "" || num[0] < '1' || num[0] > '9' || len(num) > 4 {
+		return rowKey, 0
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n > MaxPermits {
+		return rowKey, 0
+	}
+	return key, n
+}
+
+// checkSemaphore checks a semaphore's key and its number of permits (or a permit's
+// number).
+func checkSemaphore(key string, permits int) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if n := utf8.RuneCountInString(key); n > maxSemaphoreKeyLength {
+		return fmt.Errorf("%w: %d characters, the most for a semaphore is %d", ErrInvalidKey, n, maxSemaphoreKeyLength)
+	}
+	if permits < 1 || permits > MaxPermits {
+		return invalidArg("semaphore %q: %d permits: want 1 to %d", key, permits, MaxPermits)
+	}
+	return nil
+}
+
+// Semaphore is a semaphore of a Client: at most Permits holders at once, across every
+// instance that asks for the same number, each holding one permit, numbered 1 to
+// Permits. A permit, once taken, is a *Lock like any other: renewed in the background
+// until Release or Close, its Context cancelled when it is lost, its Token a fencing
+// token that grows with each acquisition of the permit. Lock.Key is the semaphore's
+// key and Lock.Permit the permit's number. It holds no state of its own (the store
+// does): Semaphores of the same key and Client may be made at will, and its methods
+// are safe for concurrent use.
+//
+// # Fencing a write with a permit's token
+//
+// FenceHeld(query, l.Key(), l.Token()) works for a permit as for a lock: the write
+// happens only while that permit is held live, on the database clock. FenceUpdate
+// fences by token per row: several permits are held at once, so give each permit
+// rows of its own, for instance a slot column equal to l.Permit() in the WHERE, and a
+// paused holder's late write to its slot is refused once the permit has a newer
+// holder.
+//
+// # Changing the number of permits
+//
+// Each acquisition says how many permits the semaphore has: the number of its
+// Semaphore. A smaller number grants no permit above it, and no permit at all while the
+// semaphore has that many live holders or more; holders of permits above it keep
+// them until they release. Never more live holders than permits when every instance
+// asks for the same number.
+type Semaphore struct {
+	c       *Client
+	key     string
+	permits int
+}
+
+// Semaphore returns the semaphore of key with permits permits. It makes no call: a
+// permit is taken by TryAcquire, Acquire or WithPermit. key is a key as for a lock
+// (ErrInvalidKey), of at most MaxKeyLength-5 characters: a permit's row in the store
+// is key, U+001F and the permit's number. permits is 1 to MaxPermits
+// (ErrInvalidArgument). A semaphore's key and a lock's key are apart: a lock of the
+// same key is another thing. On a type that embeds a Store it returns an error
+// wrapping errors.ErrUnsupported.
+func (c *Client) Semaphore(key string, permits int) (*Semaphore, error) {
+	if err := checkSemaphore(key, permits); err != nil {
+		return nil, err
+	}
+	if _, err := c.backend("semaphore", "cannot hold a semaphore"); err != nil {
+		return nil, err
+	}
+	return &Semaphore{c: c, key: key, permits: permits}, nil
+}
+
+// Key returns the semaphore's key.
+func (s *Semaphore) Key() string { return s.key }
+
+// Permits returns how many permits the semaphore has.
+func (s *Semaphore) Permits() int { return s.permits }
+
+// TryAcquire makes one attempt to take a permit: the lowest free one. It returns a
+// *Lock, or ErrNotAcquired (errors.Is) when the semaphore has Permits live holders or
+// more; its other errors, what ctx bounds, and the hand-back of a grant whose reply
+// was lost, are Client.TryAcquire's.
+func (s *Semaphore) TryAcquire(ctx context.Context, opts ...Option) (*Lock, error) {
+	c := s.c
+	start := c.clock.Now()
+	lc := settings{ttl: c.ttl}
+	if err := applyOptions(&lc, "Semaphore.TryAcquire", opts, Option.everyOption); err != nil {
+		return nil, c.acquireFailed(s.key, start, err)
+	}
+	l, err := c.tryFrom(ctx, s.target(), lc.ttl, start, nil)
+	if err != nil {
+		return nil, c.acquireFailed(s.key, start, err)
+	}
+	return l, nil
+}
+
+// Acquire takes a permit, waiting while all are held, as Client.Acquire waits for a
+// key: with backoff, until Wait(d) has passed, until ctx ends or until Close. With a
+// listener, the release of any permit of the semaphore wakes one of this client's
+// waiters for it at once. Its errors are Client.Acquire's.
+func (s *Semaphore) Acquire(ctx context.Context, opts ...AcquireOption) (*Lock, error) {
+	c := s.c
+	start := c.clock.Now()
+	lc := settings{ttl: c.ttl}
+	if err := applyOptions(&lc, "Semaphore.Acquire", opts, AcquireOption.acquireOption); err != nil {
+		return nil, c.acquireFailed(s.key, start, err)
+	}
+	l, err := c.acquire(ctx, s.target(), lc, start)
+	if err != nil {
+		return nil, c.acquireFailed(s.key, start, err)
+	}
+	return l, nil
+}
+
+// WithPermit takes a permit as Acquire does, runs fn under it, and releases it when fn
+// returns or panics, as Client.WithLock does for a lock (fn's ctx, FromContext inside
+// fn, Close and the errors are WithLock's). A nil fn is ErrInvalidArgument.
+func (s *Semaphore) WithPermit(ctx context.Context, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+	c := s.c
+	start := c.clock.Now()
+	if fn == nil {
+		return c.acquireFailed(s.key, start, invalidArg("Semaphore.WithPermit: nil fn"))
+	}
+	lc := settings{ttl: c.ttl}
+	if err := applyOptions(&lc, "Semaphore.WithPermit", opts, AcquireOption.acquireOption); err != nil {
+		return c.acquireFailed(s.key, start, err)
+	}
+	return c.withLock(ctx, s.target(), lc, start, fn)
+}
+
+// ForceRelease ends the lease of permit's live holder, whoever it is, as
+// Client.ForceRelease does for a key, and returns the permit as it was (Key the
+// semaphore's, Permit permit). ErrNotHeld when no live holder has the permit; permit
+// out of 1 to MaxPermits is ErrInvalidArgument. What ctx bounds and the other errors
+// are Client.ForceRelease's.
+func (s *Semaphore) ForceRelease(ctx context.Context, permit int) (LockInfo, error) {
+	if permit < 1 || permit > MaxPermits {
+		return LockInfo{}, invalidArg("Semaphore.ForceRelease: permit %d: want 1 to %d", permit, MaxPermits)
+	}
+	return s.c.forceRelease(ctx, permitKey(s.key, permit))
+}
+
+func (s *Semaphore) target() target { return target{key: s.key, permits: s.permits} }
