@@ -106,8 +106,8 @@ func (t target) undoKey(r acquireReply) string {
 // options are applied.
 func (c *Client) acquire(ctx context.Context, t target, lc settings, start time.Time) (*Lock, error) {
 	key := t.key
-	if lc.fair && t.permits == 0 {
-		return c.acquireFair(ctx, key, lc, start)
+	if lc.fair {
+		return c.acquireFair(ctx, t, lc, start)
 	}
 	var deadline time.Time
 	if lc.waitSet {

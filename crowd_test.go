@@ -30,18 +30,18 @@ type countingStore struct {
 	claims   *atomic.Int64 // queue_poll calls that returned a token
 }
 
-func (s countingStore) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
+func (s countingStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
 	s.attempts.Add(1)
-	return s.postgresStore.queueAcquire(ctx, key, owner, ttl)
+	return s.postgresStore.queueAcquire(ctx, t, owner, ttl)
 }
 
-func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int64, bool, error) {
+func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, error) {
 	s.polls.Add(1)
-	token, queued, err := s.postgresStore.queuePoll(ctx, key, ticket)
+	permit, token, queued, err := s.postgresStore.queuePoll(ctx, key, ticket)
 	if token > 0 {
 		s.claims.Add(1)
 	}
-	return token, queued, err
+	return permit, token, queued, err
 }
 
 func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {

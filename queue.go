@@ -54,8 +54,10 @@ func Fair() AcquireOption {
 	}}
 }
 
-// acquireFair is Acquire with Fair, called at start, once its options are applied.
-func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start time.Time) (*Lock, error) {
+// acquireFair is Acquire (Semaphore.Acquire for a permit) with Fair, called at start,
+// once its options are applied.
+func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start time.Time) (*Lock, error) {
+	key := t.key
 	b, err := c.backend("Acquire with Fair", "has no fair queue")
 	if err != nil {
 		return nil, err
@@ -64,7 +66,7 @@ func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start
 	if lc.waitSet {
 		deadline = start.Add(lc.wait)
 	}
-	q := &fairWaiter{c: c, b: b, key: key, owner: c.newOwner(), ttl: lc.ttl}
+	q := &fairWaiter{c: c, b: b, t: t, owner: c.newOwner(), ttl: lc.ttl}
 	wake := c.listener.fairWait(q.owner)
 	defer c.listener.fairDone(q.owner)
 	var failingSince time.Time // of the failed polls in a row, on the real clock
@@ -78,10 +80,10 @@ func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start
 			return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
 		}
 		sentAt := c.clock.Now()
-		token, err := q.step(ctx)
+		permit, token, err := q.step(ctx)
 		switch {
 		case err == nil && token > 0:
-			return c.newLock(target{key: key}, 0, q.owner, lc.ttl, token, start, sentAt)
+			return c.newLock(t, permit, q.owner, lc.ttl, token, start, sentAt)
 		case err == nil:
 			failingSince = time.Time{}
 			if q.ticket == 0 {
@@ -115,41 +117,44 @@ func (c *Client) acquireFair(ctx context.Context, key string, lc settings, start
 	}
 }
 
-// fairWaiter is one fair Acquire's place in the queue of its key.
+// fairWaiter is one fair Acquire's place in the queue of its key (of its semaphore).
 type fairWaiter struct {
 	c      *Client
 	b      backend
-	key    string
+	t      target
 	owner  string
 	ttl    time.Duration
 	ticket int64 // 0 while not queued
 	unsure bool  // the last queue_acquire failed after it may have reached the server
 }
 
-// step queues the waiter when it is not queued (and takes the key at once when it is
-// free and no one waits), else polls: it returns the token of a key taken or claimed,
-// 0 while waiting.
-func (q *fairWaiter) step(ctx context.Context) (int64, error) {
+// step queues the waiter when it is not queued (and takes the key, or a permit, at once
+// when it is free and no one waits), else polls: it returns the permit (0 for a lock)
+// and token of what it took or claimed, a 0 token while waiting.
+func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 	if q.ticket == 0 {
-		token, ticket, err := q.b.queueAcquire(ctx, q.key, q.owner, q.ttl)
+		permit, token, ticket, err := q.b.queueAcquire(ctx, q.t, q.owner, q.ttl)
 		q.unsure = err != nil && mayHaveReached(err)
 		q.ticket = ticket
-		return token, err
+		return permit, token, err
 	}
-	token, queued, err := q.b.queuePoll(ctx, q.key, q.ticket)
+	permit, token, queued, err := q.b.queuePoll(ctx, q.t.key, q.ticket)
 	if err == nil && !queued {
 		q.ticket = 0
 	}
-	return token, err
+	return permit, token, err
 }
 
 // leave takes the waiter out of the queue on a detached context, passing on a grant it
 // had; Close waits for it. A poll or a queue_acquire whose reply was lost may have
 // given it the key: that is handed back (undoAcquire).
 func (q *fairWaiter) leave() {
+	// What a lost reply may have given it: its key, or a permit whose number it does
+	// not know (handed back by owner).
+	undo := q.t.undoKey(acquireReply{})
 	if q.ticket == 0 {
 		if q.unsure {
-			q.c.undoAcquire(q.key, q.owner, q.ttl)
+			q.c.undoAcquire(undo, q.owner, q.ttl)
 		}
 		return
 	}
@@ -158,10 +163,10 @@ func (q *fairWaiter) leave() {
 	}
 	ctx, cancel := detached(context.Background())
 	defer cancel()
-	left, err := q.b.queueLeave(ctx, q.key, q.ticket)
+	left, err := q.b.queueLeave(ctx, q.t.key, q.ticket)
 	q.ticket = 0
 	if err != nil || !left {
-		q.c.undoAcquire(q.key, q.owner, q.ttl)
+		q.c.undoAcquire(undo, q.owner, q.ttl)
 	}
 }
 

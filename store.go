@@ -95,15 +95,16 @@ type backend interface {
 	// jobStatuses returns every job with runs or skips (see Client.JobStatuses).
 	jobStatuses(ctx context.Context) ([]JobStatus, error)
 
-	// queueAcquire takes key for owner for ttl when it is free and no live fair
-	// waiter is queued on it (token > 0, ticket 0), or queues owner (ticket > 0, token
-	// 0). See Fair.
-	queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (token, ticket int64, err error)
-	// queuePoll polls a queued waiter: it claims the key granted to it, or takes the key
-	// when it is free and the waiter heads the live queue, and returns its token
-	// (queued false); else it records that the waiter is live and returns 0 with
-	// queued true. queued false with a 0 token: the ticket is not in the queue.
-	queuePoll(ctx context.Context, key string, ticket int64) (token int64, queued bool, err error)
+	// queueAcquire takes t for owner for ttl when it is free and no live fair waiter
+	// is queued on it (token > 0, ticket 0; for a semaphore, its lowest free permit),
+	// or queues owner (ticket > 0, token 0). See Fair.
+	queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (permit int, token, ticket int64, err error)
+	// queuePoll polls a queued waiter of key (a lock's or a semaphore's): it claims
+	// what was granted to it, or takes the key (a free permit) when its turn has come,
+	// and returns its token (and permit) with queued false; else it records that the
+	// waiter is live and returns 0 with queued true. queued false with a 0 token: the
+	// ticket is not in the queue.
+	queuePoll(ctx context.Context, key string, ticket int64) (permit int, token int64, queued bool, err error)
 	// queueLeave takes the waiter out of the queue, passing on a grant it had not
 	// claimed, and reports whether it was queued.
 	queueLeave(ctx context.Context, key string, ticket int64) (bool, error)
@@ -156,6 +157,15 @@ func checkTicket(key string, ticket int64) error {
 		return invalidArg("ticket %d: want 1 or more", ticket)
 	}
 	return nil
+}
+
+// checkQueueCall checks a fair acquisition of t, as checkCall does a lock's and
+// checkSemCall a permit's.
+func checkQueueCall(t target, owner string, ttl time.Duration) error {
+	if t.permits != 0 {
+		return checkSemCall(t.key, owner, ttl, t.permits)
+	}
+	return checkCall(t.key, owner, ttl)
 }
 
 // checkRenewMany checks the arguments of backend.renewMany, as checkCall does one

@@ -149,7 +149,7 @@ func (s *memoryStore) forceRelease(_ context.Context, key string) (LockInfo, err
 	now := s.clock.Now()
 	info := s.info(key, l, now)
 	l.owner, l.expires = "", now // a release on the owner's behalf: the token stays the floor
-	s.grant(key)
+	s.handOver(key)
 	return info, nil
 }
 

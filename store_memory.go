@@ -26,7 +26,8 @@ type memoryStore struct {
 	seq     int64                  // the last token drawn; never below a pruned lock's token
 	locks   map[string]*memoryLock // kept after release, like the table's rows, until pruned
 	history memoryHistory          // job runs and skips (history.go)
-	// The fair queues, as pglock.waiters: by key, in the order of their tickets.
+	// The fair queues, as pglock.waiters: by key (a semaphore's: its key and
+	// U+001F, semQueue), in the order of their tickets.
 	waiters  map[string][]*memoryWaiter
 	tickets  int64          // the last ticket drawn
 	registry memoryRegistry // registered jobs and elections (registry.go)
@@ -37,9 +38,14 @@ type memoryWaiter struct {
 	ticket  int64
 	owner   string
 	ttl     time.Duration
+	permits int       // the semaphore's N; 0 for a lock
 	seen    time.Time // the last poll
-	granted bool
+	granted string    // the row key granted to it, "" while it waits
 }
+
+// semQueue returns the key of the fair queue of the semaphore key, as
+// migrations/000017_fair_semaphores.up.sql keeps it: apart from a lock's of that key.
+func semQueue(key string) string { return key + permitSeparator }
 
 type memoryLock struct {
 	owner    string // "" once released
@@ -98,35 +104,81 @@ func (s *memoryStore) queued(key string, before int64) bool {
 		if before != 0 && w.ticket >= before {
 			break
 		}
-		if !w.granted && w.seen.After(alive) {
+		if w.granted == "" && w.seen.After(alive) {
 			return true
 		}
 	}
 	return false
 }
 
+// waiting counts the live fair waiters not granted anything in the queue qkey with a
+// ticket below before; s.mu is held.
+func (s *memoryStore) waiting(qkey string, before int64) int {
+	alive, n := s.clock.Now().Add(-queueBound), 0
+	for _, w := range s.waiters[qkey] {
+		if w.ticket < before && w.granted == "" && w.seen.After(alive) {
+			n++
+		}
+	}
+	return n
+}
+
 // grant hands key, free, to the head of its live queue, for queueBound; s.mu is held.
 func (s *memoryStore) grant(key string) {
 	now := s.clock.Now()
 	for _, w := range s.waiters[key] {
-		if !w.granted && w.seen.After(now.Add(-queueBound)) {
-			s.seq++
-			l := s.locks[key]
-			l.owner, l.token, l.acquired, l.ttl, l.expires = w.owner, max(s.seq, l.token+1), now, w.ttl.Truncate(time.Millisecond), now.Add(queueBound)
-			w.granted, w.seen = true, now
+		if w.granted == "" && w.seen.After(now.Add(-queueBound)) {
+			s.grantTo(w, key)
 			return
 		}
 	}
 }
 
-// waiter returns key's waiter of ticket and its index, or nil; s.mu is held.
-func (s *memoryStore) waiter(key string, ticket int64) (*memoryWaiter, int) {
-	for i, w := range s.waiters[key] {
-		if w.ticket == ticket {
-			return w, i
+// semGrant hands row, a permit of the semaphore key just freed, to the head of the
+// semaphore's live queue when the head's N allows it, as pglock.sem_grant does; s.mu
+// is held.
+func (s *memoryStore) semGrant(key, row string) {
+	alive := s.clock.Now().Add(-queueBound)
+	for _, w := range s.waiters[semQueue(key)] {
+		if w.granted == "" && w.seen.After(alive) {
+			if _, permit := splitPermitKey(row); permit <= w.permits && len(s.livePermits(key, "")) < w.permits {
+				s.grantTo(w, row)
+			}
+			return
 		}
 	}
-	return nil, -1
+}
+
+// grantTo grants row, free, to w for queueBound; s.mu is held.
+func (s *memoryStore) grantTo(w *memoryWaiter, row string) {
+	now := s.clock.Now()
+	s.seq++
+	l := s.locks[row]
+	l.owner, l.token, l.acquired, l.ttl, l.expires = w.owner, max(s.seq, l.token+1), now, w.ttl.Truncate(time.Millisecond), now.Add(queueBound)
+	w.granted, w.seen = row, now
+}
+
+// handOver hands row, just freed, to the head of its queue: its semaphore's for a
+// permit, its key's for a lock; s.mu is held.
+func (s *memoryStore) handOver(row string) {
+	if key, permit := splitPermitKey(row); permit > 0 {
+		s.semGrant(key, row)
+		return
+	}
+	s.grant(row)
+}
+
+// waiter returns the waiter of ticket in the queue of the lock key or of the semaphore
+// key, its queue's key and its index, or nil; s.mu is held.
+func (s *memoryStore) waiter(key string, ticket int64) (*memoryWaiter, string, int) {
+	for _, qkey := range []string{key, semQueue(key)} {
+		for i, w := range s.waiters[qkey] {
+			if w.ticket == ticket {
+				return w, qkey, i
+			}
+		}
+	}
+	return nil, "", -1
 }
 
 // dequeue deletes key's i-th waiter; s.mu is held.
@@ -139,48 +191,68 @@ func (s *memoryStore) dequeue(key string, i int) {
 	s.waiters[key] = q
 }
 
-func (s *memoryStore) queueAcquire(_ context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
-		return 0, 0, err
+func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
+	if err := checkQueueCall(t, owner, ttl); err != nil {
+		return 0, 0, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.queued(key, 0) {
-		if token := s.take(key, owner, ttl); token > 0 {
-			return token, 0, nil
+	qkey := t.key
+	if t.permits > 0 {
+		qkey = semQueue(t.key)
+		if !s.queued(qkey, 0) {
+			if permit, token := s.semTake(t.key, owner, ttl, t.permits); token > 0 {
+				return permit, token, 0, nil
+			}
+		}
+	} else if !s.queued(qkey, 0) {
+		if token := s.take(qkey, owner, ttl); token > 0 {
+			return 0, token, 0, nil
 		}
 	}
 	now := s.clock.Now()
-	q := slices.DeleteFunc(s.waiters[key], func(w *memoryWaiter) bool { return w.seen.Before(now.Add(-time.Minute)) })
+	q := slices.DeleteFunc(s.waiters[qkey], func(w *memoryWaiter) bool { return w.seen.Before(now.Add(-time.Minute)) })
 	s.tickets++
-	s.waiters[key] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, seen: now})
-	return 0, s.tickets, nil
+	s.waiters[qkey] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, permits: t.permits, seen: now})
+	return 0, 0, s.tickets, nil
 }
 
-func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int64, bool, error) {
+func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, error) {
 	if err := checkTicket(key, ticket); err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, i := s.waiter(key, ticket)
+	w, qkey, i := s.waiter(key, ticket)
 	if w == nil {
-		return 0, false, nil
+		return 0, 0, false, nil
 	}
-	if w.granted {
-		if l := s.live(key, w.owner); l != nil { // the claim
+	if w.granted != "" {
+		if l := s.live(w.granted, w.owner); l != nil { // the claim
 			l.expires = s.clock.Now().Add(w.ttl)
-			s.dequeue(key, i)
-			return l.token, false, nil
+			s.dequeue(qkey, i)
+			_, permit := splitPermitKey(w.granted)
+			return permit, l.token, false, nil
 		}
 	}
-	w.granted, w.seen = false, s.clock.Now()
+	w.granted, w.seen = "", s.clock.Now()
+	if w.permits > 0 {
+		if s.waiting(qkey, ticket) >= w.permits-len(s.livePermits(key, "")) {
+			return 0, 0, true, nil
+		}
+		permit, token := s.semTake(key, w.owner, w.ttl, w.permits)
+		if token == 0 {
+			return 0, 0, true, nil
+		}
+		s.dequeue(qkey, i)
+		return permit, token, false, nil
+	}
 	if s.live(key, "") != nil || s.queued(key, ticket) {
-		return 0, true, nil
+		return 0, 0, true, nil
 	}
 	token := s.take(key, w.owner, w.ttl)
 	s.dequeue(key, i)
-	return token, false, nil
+	return 0, token, false, nil
 }
 
 func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (bool, error) {
@@ -189,14 +261,16 @@ func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (b
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, i := s.waiter(key, ticket)
+	w, qkey, i := s.waiter(key, ticket)
 	if w == nil {
 		return false, nil
 	}
-	s.dequeue(key, i)
-	if l := s.live(key, w.owner); w.granted && l != nil {
-		l.owner, l.expires = "", s.clock.Now()
-		s.grant(key)
+	s.dequeue(qkey, i)
+	if w.granted != "" {
+		if l := s.live(w.granted, w.owner); l != nil {
+			l.owner, l.expires = "", s.clock.Now()
+			s.handOver(w.granted)
+		}
 	}
 	return true, nil
 }
@@ -209,15 +283,25 @@ func (s *memoryStore) semAcquire(_ context.Context, key, owner string, ttl time.
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.livePermits(key, "")) >= permits {
+	if s.queued(semQueue(key), 0) { // the semaphore is its fair waiters'
 		return 0, 0, false, nil
+	}
+	permit, token := s.semTake(key, owner, ttl, permits)
+	return permit, token, token > 0, nil
+}
+
+// semTake takes the lowest free permit of the semaphore key while fewer than permits
+// live holders hold it, and returns its number and token, or zeros; s.mu is held.
+func (s *memoryStore) semTake(key, owner string, ttl time.Duration, permits int) (int, int64) {
+	if len(s.livePermits(key, "")) >= permits {
+		return 0, 0
 	}
 	for i := 1; i <= permits; i++ {
 		if row := permitKey(key, i); s.live(row, "") == nil {
-			return i, s.take(row, owner, ttl), true, nil
+			return i, s.take(row, owner, ttl)
 		}
 	}
-	return 0, 0, false, nil // unreachable: fewer live holders than permits
+	return 0, 0 // unreachable: fewer live holders than permits
 }
 
 // livePermits returns the row keys of the live permits of the semaphore key held by
@@ -291,7 +375,7 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 		return false, nil
 	}
 	l.owner, l.expires = "", s.clock.Now()
-	s.grant(key)
+	s.handOver(key)
 	return true, nil
 }
 

@@ -400,29 +400,31 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 
 func (s *postgresStore) pglockStore() {}
 
-func (s *postgresStore) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, int64, error) {
-	if err := checkCall(key, owner, ttl); err != nil {
-		return 0, 0, err
+func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
+	if err := checkQueueCall(t, owner, ttl); err != nil {
+		return 0, 0, 0, err
 	}
 	var token, ticket sql.NullInt64
-	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket FROM pglock.queue_acquire($1, $2, $3, 0) q`,
-		key, owner, ttlMillis(ttl)).Scan(&token, &ticket); err != nil {
-		return 0, 0, storeError(err, "acquire %q in its queue", key)
+	var permit sql.NullInt32
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket, q.permit FROM pglock.queue_acquire($1, $2, $3, $4) q`,
+		t.key, owner, ttlMillis(ttl), t.permits).Scan(&token, &ticket, &permit); err != nil {
+		return 0, 0, 0, storeError(err, "acquire %q in its queue", t.key)
 	}
-	return token.Int64, ticket.Int64, nil
+	return int(permit.Int32), token.Int64, ticket.Int64, nil
 }
 
-func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int64, bool, error) {
+func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, error) {
 	if err := checkTicket(key, ticket); err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	var token sql.NullInt64
+	var permit sql.NullInt32
 	var queued bool
-	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued FROM pglock.queue_poll($1, $2) q`,
-		key, ticket).Scan(&token, &queued); err != nil {
-		return 0, false, storeError(err, "poll the queue of %q", key)
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued, q.permit FROM pglock.queue_poll($1, $2) q`,
+		key, ticket).Scan(&token, &queued, &permit); err != nil {
+		return 0, 0, false, storeError(err, "poll the queue of %q", key)
 	}
-	return token.Int64, queued, nil
+	return int(permit.Int32), token.Int64, queued, nil
 }
 
 func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64) (bool, error) {

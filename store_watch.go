@@ -340,12 +340,12 @@ func (w watchedBackend) jobStatuses(ctx context.Context) (_ []JobStatus, err err
 	return w.b.jobStatuses(ctx)
 }
 
-func (w watchedBackend) queueAcquire(ctx context.Context, key, owner string, ttl time.Duration) (_, _ int64, err error) {
+func (w watchedBackend) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (_ int, _, _ int64, err error) {
 	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
-	return w.b.queueAcquire(ctx, key, owner, ttl)
+	return w.b.queueAcquire(ctx, t, owner, ttl)
 }
 
-func (w watchedBackend) queuePoll(ctx context.Context, key string, ticket int64) (_ int64, _ bool, err error) {
+func (w watchedBackend) queuePoll(ctx context.Context, key string, ticket int64) (_ int, _ int64, _ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "queue poll", 0, false), &err)
 	return w.b.queuePoll(ctx, key, ticket)
 }
