@@ -27,6 +27,13 @@ const queueHeartbeat = queueBound / 4
 // release hands the key straight to it in the same statement (one acquisition
 // statement per handover, not a race). It is an AcquireOption.
 //
+// Semaphore.Acquire and WithPermit with Fair wait in the semaphore's queue (apart from
+// the queue of a lock of the same key): a permit's release hands that permit to the
+// head of the queue when the head's number of permits allows it (fewer live holders
+// than it, and the permit's number within it); a waiter whose turn came without a
+// release (a holder expired, the number grew) takes the lowest free permit at its next
+// poll, when fewer live waiters are ahead of it than it has free permits.
+//
 // The bound: a fair waiter that dies, is paused or gives up without leaving stalls the
 // queue for at most about Q + Q/4, Q = 1 s on the database clock: it is skipped once Q
 // has passed since its last poll (a live waiter polls every Q/4), and a key granted to
@@ -40,8 +47,8 @@ const queueHeartbeat = queueBound / 4
 // So it is a choice, not the default: jobs and elections never wait, and callers that
 // do not ask for it keep today's behaviour.
 //
-// While a live fair waiter is queued on a key, the key is the queue's: TryAcquire, and
-// Acquire without Fair, fail even when the key is free at that moment (a grant not
+// While a live fair waiter is queued on a key (a semaphore), the key is the queue's:
+// TryAcquire, and Acquire without Fair, fail even when the key (a permit) is free at that moment (a grant not
 // claimed yet, a holder that just expired), since an attempt from outside the queue
 // that could take a free key would starve the waiters queued for it. Fair waiters need
 // the listener (New's default) to be woken when the key is theirs; without one, they
