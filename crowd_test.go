@@ -28,6 +28,21 @@ type countingStore struct {
 	marks    *atomic.Int64 // lock_want calls
 	polls    *atomic.Int64 // queue_poll calls
 	claims   *atomic.Int64 // queue_poll calls that returned a token
+	// claimCalls records how long each queue_poll call that returned a token took, from
+	// its call to its return: a handover's claim.
+	claimCalls *durations
+}
+
+// durations is a list of durations that goroutines append to.
+type durations struct {
+	mu sync.Mutex
+	ds []time.Duration
+}
+
+func (d *durations) add(v time.Duration) {
+	d.mu.Lock()
+	d.ds = append(d.ds, v)
+	d.mu.Unlock()
 }
 
 func (s countingStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
@@ -37,9 +52,11 @@ func (s countingStore) queueAcquire(ctx context.Context, t target, owner string,
 
 func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, error) {
 	s.polls.Add(1)
+	start := time.Now()
 	permit, token, queued, err := s.postgresStore.queuePoll(ctx, key, ticket)
 	if token > 0 {
 		s.claims.Add(1)
+		s.claimCalls.add(time.Since(start))
 	}
 	return permit, token, queued, err
 }
@@ -99,6 +116,7 @@ type crowdResult struct {
 	// back, the winning one included.
 	firstAttempts int64
 	handovers     []time.Duration // from a holder's Release call to the next acquisition
+	claimCalls    []time.Duration // how long each claiming queue_poll call took
 	waits         []time.Duration // from each Acquire call to its acquisition
 }
 
@@ -137,8 +155,9 @@ func (r crowdResult) fairness() float64 {
 func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key string, n int) crowdResult {
 	tb.Helper()
 	var attempts, marks, polls, claims atomic.Int64
+	claimCalls := &durations{}
 	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks,
-		polls: &polls, claims: &claims}
+		polls: &polls, claims: &claims, claimCalls: claimCalls}
 	var acquireOpts []AcquireOption
 	if cr.fair {
 		acquireOpts = append(acquireOpts, Fair())
@@ -229,6 +248,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	res.attempts = attempts.Load()
 	res.marks = marks.Load()
 	res.polls, res.claims = polls.Load(), claims.Load()
+	res.claimCalls = claimCalls.ds
 	return res
 }
 
@@ -406,6 +426,10 @@ func BenchmarkCrowd(b *testing.B) {
 		b.ReportMetric(float64(res.polls)/float64(res.acquisitions), "polls/acq")
 		b.ReportMetric(float64(res.claims)/float64(res.acquisitions), "claims/acq")
 		b.ReportMetric(res.fairness(), "maxwait/mean")
+		if len(res.claimCalls) > 0 {
+			b.ReportMetric(float64(percentile(res.claimCalls, 0.5).Microseconds())/1000, "claim-p50-ms")
+			b.ReportMetric(float64(percentile(res.claimCalls, 0.99).Microseconds())/1000, "claim-p99-ms")
+		}
 	}
 	variants := map[bool]string{false: "one", true: "fair"}
 	for _, size := range [][2]int{{1, 2}, {1, 20}, {5, 4}, {20, 5}} {
@@ -436,6 +460,7 @@ func BenchmarkCrowd(b *testing.B) {
 					all.polls += res.polls
 					all.claims += res.claims
 					all.handovers = append(all.handovers, res.handovers...)
+					all.claimCalls = append(all.claimCalls, res.claimCalls...)
 					all.waits = append(all.waits, res.waits...)
 				}
 				report(b, all)
