@@ -49,12 +49,10 @@ REVOKE ALL ON TABLE pglock.waiters FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pglock.waiter_ticket_seq FROM PUBLIC;
 
 -- fencing_token_next draws a token as 000012's lock_acquire did: at least its
--- timeline's floor. Not SECURITY DEFINER: the functions below call it, as the schema's
--- owner; a role granted EXECUTE on it, as on every function of the schema, runs it
--- with its own privileges, and one that may not use the sequence gets an error (so
--- for lock_take and queue_grant, on the tables).
+-- timeline's floor. Like every function of the schema (000006), it runs as the schema's
+-- owner with its search_path pinned; the functions below call it.
 CREATE OR REPLACE FUNCTION pglock.fencing_token_next() RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     token bigint;
     floor bigint;
@@ -72,9 +70,9 @@ BEGIN
 END $$;
 
 -- lock_take is 000012's lock_acquire after its argument check: it takes a free key,
--- durably, or returns null. Not SECURITY DEFINER, like fencing_token_next.
+-- durably, or returns null; its callers check the arguments first.
 CREATE OR REPLACE FUNCTION pglock.lock_take(key text, owner text, ttl_ms bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     token bigint;
     inserted boolean := false;
@@ -114,7 +112,7 @@ END $$;
 -- row locked. It reports whether there was a live head. The grant itself is not
 -- flushed: it promises nothing until its claim, whose flush covers it.
 CREATE OR REPLACE FUNCTION pglock.queue_grant(key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     head pglock.waiters;
     token bigint;

@@ -57,6 +57,6 @@ BEGIN
         WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure
           AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_list(text) TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_list(text), pglock.locks_set_acquired_at() TO %s', r.grantee);
     END LOOP;
 END $$;

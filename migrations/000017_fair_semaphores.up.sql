@@ -28,10 +28,9 @@
 -- hand to: that waiter takes the permit at its next poll, Q/4 later at most.
 
 -- sem_lock row-locks the semaphore key's row, making it first (permits is what it
--- records then). Callers: sem_acquire, queue_acquire. Not SECURITY DEFINER, like
--- lock_take (000014).
+-- records then). Callers: sem_acquire, queue_acquire.
 CREATE OR REPLACE FUNCTION pglock.sem_lock(key text, permits integer) RETURNS void
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM FROM pglock.semaphores s WHERE s.key = sem_lock.key FOR UPDATE;
     IF NOT FOUND THEN
@@ -44,7 +43,7 @@ END $$;
 -- sem_live counts the live holders of the semaphore key: any permit number, owner
 -- set, not expired (an unclaimed grant is one).
 CREATE OR REPLACE FUNCTION pglock.sem_live(key text) RETURNS integer
-LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pglock.locks l
     WHERE l.semaphore = sem_live.key AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
 $$;
@@ -52,7 +51,7 @@ $$;
 -- sem_waiting counts the live fair waiters queued on the semaphore key, not granted,
 -- with a ticket below before (any ticket when null).
 CREATE OR REPLACE FUNCTION pglock.sem_waiting(key text, before bigint) RETURNS integer
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pglock.waiters w
     WHERE w.key = sem_waiting.key || chr(31) AND w.granted IS NULL
       AND w.seen_at > clock_timestamp() - interval '1 second'
@@ -64,7 +63,7 @@ $$;
 -- while fewer than permits live holders hold the semaphore, durably, or returns nulls.
 CREATE OR REPLACE FUNCTION pglock.sem_take(key text, owner text, ttl_ms bigint, permits integer,
     OUT permit integer, OUT fencing_token bigint)
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     candidate integer;
 BEGIN
@@ -98,7 +97,7 @@ END $$;
 -- granted row key, and the head's client a notification on pglock_granted. It reports
 -- whether it granted. Not flushed, as queue_grant: the claim's flush covers it.
 CREATE OR REPLACE FUNCTION pglock.sem_grant(key text, row_key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     head pglock.waiters;
     token bigint;

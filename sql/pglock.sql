@@ -1557,12 +1557,10 @@ REVOKE ALL ON TABLE pglock.waiters FROM PUBLIC;
 REVOKE ALL ON SEQUENCE pglock.waiter_ticket_seq FROM PUBLIC;
 
 -- fencing_token_next draws a token as 000012's lock_acquire did: at least its
--- timeline's floor. Not SECURITY DEFINER: the functions below call it, as the schema's
--- owner; a role granted EXECUTE on it, as on every function of the schema, runs it
--- with its own privileges, and one that may not use the sequence gets an error (so
--- for lock_take and queue_grant, on the tables).
+-- timeline's floor. Like every function of the schema (000006), it runs as the schema's
+-- owner with its search_path pinned; the functions below call it.
 CREATE OR REPLACE FUNCTION pglock.fencing_token_next() RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     token bigint;
     floor bigint;
@@ -1580,9 +1578,9 @@ BEGIN
 END $$;
 
 -- lock_take is 000012's lock_acquire after its argument check: it takes a free key,
--- durably, or returns null. Not SECURITY DEFINER, like fencing_token_next.
+-- durably, or returns null; its callers check the arguments first.
 CREATE OR REPLACE FUNCTION pglock.lock_take(key text, owner text, ttl_ms bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     token bigint;
     inserted boolean := false;
@@ -1622,7 +1620,7 @@ END $$;
 -- row locked. It reports whether there was a live head. The grant itself is not
 -- flushed: it promises nothing until its claim, whose flush covers it.
 CREATE OR REPLACE FUNCTION pglock.queue_grant(key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     head pglock.waiters;
     token bigint;
@@ -1949,7 +1947,7 @@ BEGIN
         WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure
           AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_list(text) TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.lock_list(text), pglock.locks_set_acquired_at() TO %s', r.grantee);
     END LOOP;
 END $$;
 
@@ -2069,10 +2067,9 @@ END $$;
 -- hand to: that waiter takes the permit at its next poll, Q/4 later at most.
 
 -- sem_lock row-locks the semaphore key's row, making it first (permits is what it
--- records then). Callers: sem_acquire, queue_acquire. Not SECURITY DEFINER, like
--- lock_take (000014).
+-- records then). Callers: sem_acquire, queue_acquire.
 CREATE OR REPLACE FUNCTION pglock.sem_lock(key text, permits integer) RETURNS void
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM FROM pglock.semaphores s WHERE s.key = sem_lock.key FOR UPDATE;
     IF NOT FOUND THEN
@@ -2085,7 +2082,7 @@ END $$;
 -- sem_live counts the live holders of the semaphore key: any permit number, owner
 -- set, not expired (an unclaimed grant is one).
 CREATE OR REPLACE FUNCTION pglock.sem_live(key text) RETURNS integer
-LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pglock.locks l
     WHERE l.semaphore = sem_live.key AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp()
 $$;
@@ -2093,7 +2090,7 @@ $$;
 -- sem_waiting counts the live fair waiters queued on the semaphore key, not granted,
 -- with a ticket below before (any ticket when null).
 CREATE OR REPLACE FUNCTION pglock.sem_waiting(key text, before bigint) RETURNS integer
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT count(*)::integer FROM pglock.waiters w
     WHERE w.key = sem_waiting.key || chr(31) AND w.granted IS NULL
       AND w.seen_at > clock_timestamp() - interval '1 second'
@@ -2105,7 +2102,7 @@ $$;
 -- while fewer than permits live holders hold the semaphore, durably, or returns nulls.
 CREATE OR REPLACE FUNCTION pglock.sem_take(key text, owner text, ttl_ms bigint, permits integer,
     OUT permit integer, OUT fencing_token bigint)
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     candidate integer;
 BEGIN
@@ -2139,7 +2136,7 @@ END $$;
 -- granted row key, and the head's client a notification on pglock_granted. It reports
 -- whether it granted. Not flushed, as queue_grant: the claim's flush covers it.
 CREATE OR REPLACE FUNCTION pglock.sem_grant(key text, row_key text) RETURNS boolean
-LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     head pglock.waiters;
     token bigint;
