@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 )
 
@@ -11,7 +12,7 @@ import (
 // (migrations/000014_queue.up.sql): a fair waiter that finds its key held is queued
 // with a ticket, a release hands the key to the live waiter with the smallest ticket in
 // the same call (a grant, for queueBound), and that waiter claims it with its next
-// poll. A waiter is live while its client polls for it: every queueHeartbeat, and at
+// poll. A waiter is live while its client polls for it: at least every queueHeartbeat, and at
 // once when the listener hears that its key was granted to it (grantedChannel).
 
 // queueBound is Q, how long a fair waiter stays live after its last poll and how long
@@ -36,7 +37,7 @@ const queueHeartbeat = queueBound / 4
 //
 // The bound: a fair waiter that dies, is paused or gives up without leaving stalls the
 // queue for at most about Q + Q/4, Q = 1 s on the database clock: it is skipped once Q
-// has passed since its last poll (a live waiter polls every Q/4), and a key granted to
+// has passed since its last poll (a live waiter polls at least every Q/4), and a key granted to
 // it that it does not claim within Q goes to the next live waiter at that waiter's next
 // poll. A waiter paused longer than Q keeps its place and is served when it polls again
 // (not polled for a minute, it queues again at the back). A waiter whose ctx ends, whose
@@ -108,7 +109,10 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 			failingSince = time.Now()
 		}
 		c.listener.fairQueued()
-		pause := queueHeartbeat
+		// Between 3/4 and all of Q/4, so that waiters that queued together (a crowd's
+		// start) do not poll together ever after, each burst of polls holding up the
+		// claims behind it.
+		pause := queueHeartbeat - rand.N(queueHeartbeat/4)
 		if lc.waitSet {
 			left := deadline.Sub(c.clock.Now())
 			if left <= 0 {

@@ -227,6 +227,8 @@ END $$;
 -- and no live waiter is queued on it (fencing_token, ticket null); otherwise it queues
 -- the caller (ticket, fencing_token null), who then calls queue_poll until it claims
 -- the key, or queue_leave. permits is 0: a lock.
+-- Dropped first: 000017 widens its result, and sql/pglock.sql runs this again over that.
+DROP FUNCTION IF EXISTS pglock.queue_acquire(text, text, bigint, integer);
 CREATE OR REPLACE FUNCTION pglock.queue_acquire(key text, owner text, ttl_ms bigint, permits integer,
     OUT fencing_token bigint, OUT ticket bigint)
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -268,6 +270,7 @@ END $$;
 -- lapsed). Otherwise it refreshes seen_at, unflushed, and returns a null token. queued
 -- is false when it returns a token, or when the ticket is not in the queue (deleted
 -- after a minute without a poll, or lost in a crash): queue again.
+DROP FUNCTION IF EXISTS pglock.queue_poll(text, bigint); -- as queue_acquire
 CREATE OR REPLACE FUNCTION pglock.queue_poll(key text, ticket bigint, OUT fencing_token bigint, OUT queued boolean)
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
