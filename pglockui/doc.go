@@ -25,6 +25,7 @@
 // A semaphore's permits are rows of the locks table under the semaphore's key, each
 // with its own owner and token: the row carries data-permit and its key cell says
 // "permit N".
+//
 //	POST /prune            Client.Prune: form field older_than, a Go duration
 //
 // Every URL in its pages is relative, so that it works under any prefix and behind a
