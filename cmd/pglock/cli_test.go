@@ -466,7 +466,7 @@ func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
 		{"ReleaseOfAPermitOfALockWithoutForce", []string{"release", "-url", url, p + "held", "-permit", "1"}, exitUsage,
 			`^pglock: release: "` + regexp.QuoteMeta(p) + `held" is a lock, not a semaphore: drop -permit; nothing changed\n$`},
 		{"ReleaseOfASemaphoreWithoutPermit", []string{"release", "-force", "-url", url, p + "sem"}, exitUsage,
-			`^pglock: release: "` + regexp.QuoteMeta(p) + `sem" is a semaphore \(permits 1 held\): name the permit with -permit N; nothing changed\n$`},
+			`^pglock: release: "` + regexp.QuoteMeta(p) + `sem" is a semaphore \(permits 1 held\): give -permit N; nothing changed\n$`},
 		{"ReleaseOfAFreePermit", []string{"release", "-force", "-url", url, p + "sem", "-permit", "2"}, exitNotFound,
 			`^pglock: release: permit 2 of "` + regexp.QuoteMeta(p) + `sem" has no live holder: nothing to break\n$`},
 		{"ReleaseOfAPermitOfAKeyTooLongForASemaphore", []string{"release", "-force", "-url", url, strings.Repeat("k", pglock.MaxKeyLength-4), "-permit", "1"}, exitUsage,

@@ -350,7 +350,7 @@ func mismatch(t releaseTarget, rows []pglock.LockInfo) error {
 	}
 	switch {
 	case t.permit == 0 && !lock && len(held) > 0:
-		return usageError("release: %q is a semaphore (permits %s held): name the permit with -permit N; nothing changed",
+		return usageError("release: %q is a semaphore (permits %s held): give -permit N; nothing changed",
 			t.key, strings.Join(held, ", "))
 	case t.permit > 0 && lock && len(held) == 0:
 		return usageError("release: %q is a lock, not a semaphore: drop -permit; nothing changed", t.key)
