@@ -146,10 +146,11 @@ type Shop struct {
 // New returns an instance of the shop: it registers the invoice export (OnOneInstance
 // and WithoutOverlapping on InvoiceExportKey) and the stock reconciliation (the same on
 // StockReconciliationKey) with cfg.Locks and with a gocron scheduler of its own, which
-// Start starts. It returns an error wrapping ErrInvalidConfig, naming the field, for a
-// missing dependency, an empty AdminToken or a cron expression gocron refuses, and
-// pglock's error when cfg.Locks refuses a job (its keys are taken by another Shop on
-// the same client, or it is closed).
+// Start starts, and makes the semaphores of the exports and the warehouse calls. It
+// returns an error wrapping ErrInvalidConfig, naming the field, for a missing
+// dependency, an empty AdminToken, a negative InvoiceBatchSize or a cron expression
+// gocron refuses, and pglock's error when cfg.Locks refuses a job (its keys are taken
+// by another Shop on the same client, or it is closed).
 func New(cfg Config) (*Shop, error) {
 	switch {
 	case cfg.Pool == nil:
