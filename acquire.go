@@ -78,8 +78,13 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 // acquireFailed emits EventAcquireFailed for a call on key that began at start and
 // returns err.
 func (c *Client) acquireFailed(key string, start time.Time, err error) error {
+	return c.targetFailed(target{key: key}, start, err)
+}
+
+// targetFailed is acquireFailed for a lock or a semaphore's permit.
+func (c *Client) targetFailed(t target, start time.Time, err error) error {
 	now := c.clock.Now()
-	c.events.emit(Event{Type: EventAcquireFailed, Key: key, Err: err, Wait: now.Sub(start), Time: now})
+	c.events.emit(Event{Type: EventAcquireFailed, Key: t.key, Permits: t.permits, Err: err, Wait: now.Sub(start), Time: now})
 	return err
 }
 
@@ -210,7 +215,7 @@ func (c *Client) withLock(ctx context.Context, t target, lc settings, start time
 	fn func(ctx context.Context) error) (err error) {
 	l, err := c.acquire(ctx, t, lc, start)
 	if err != nil {
-		return c.acquireFailed(t.key, start, err)
+		return c.targetFailed(t, start, err)
 	}
 	lctx, stop := withLockContext(ctx, l)
 	defer func() {
@@ -337,7 +342,7 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 	c.renewals.warm()
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.Int("permit", permit),
 		slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
-	c.events.emit(Event{Type: EventAcquired, Key: key, Permit: permit, Owner: owner, Token: token,
+	c.events.emit(Event{Type: EventAcquired, Key: key, Permit: permit, Permits: t.permits, Owner: owner, Token: token,
 		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil
 }

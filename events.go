@@ -41,9 +41,13 @@ type Event struct {
 	Type   EventType
 	Key    string // the lock's key; for job events the job's key, gocron job name or elector key
 	Permit int    // a permit's number, for events about a permit of a semaphore (Key is the semaphore's); else 0
-	Owner  string // the lock's owner id; empty for a skipped tick
-	Token  int64  // the lock's fencing token; zero for a skipped tick
-	Reason Reason // why, for lost, skipped and some leadership-lost events
+	// Permits is, for EventAcquired and EventAcquireFailed of a semaphore's permit, the
+	// semaphore's number of permits (Semaphore.Permits); 0 for a lock. It tells a failed
+	// acquisition of a permit, which has no Permit, from a lock's.
+	Permits int
+	Owner   string // the lock's owner id; empty for a skipped tick
+	Token   int64  // the lock's fencing token; zero for a skipped tick
+	Reason  Reason // why, for lost, skipped and some leadership-lost events
 	// Err is why a lock was lost (a *LockLostError) or a leader stepped down (a
 	// *LockLostError, ErrResigned, ErrClosed, or OnAcquired's error); nil otherwise.
 	Err error

@@ -37,8 +37,10 @@ type Health struct {
 	// again when the store answers even if nothing else calls it.
 	Ready bool
 	// Held is how many locks the client holds now: its callers', its jobs' and its
-	// elections' leases.
+	// elections' leases, and its semaphores' permits.
 	Held int
+	// Permits is how many of Held are permits of semaphores.
+	Permits int
 	// Leading is how many of the client's elections it leads now.
 	Leading int
 	// LastRenewal is when the store last answered a renewal call, on the client's clock;
@@ -70,6 +72,11 @@ type Health struct {
 func (c *Client) Health() Health {
 	c.mu.Lock()
 	h := Health{Held: len(c.held)}
+	for l := range c.held {
+		if l.permit > 0 {
+			h.Permits++
+		}
+	}
 	closed := c.closed
 	c.mu.Unlock()
 	h.EventsDropped = c.events.droppedCount()

@@ -114,11 +114,11 @@ func (s *Semaphore) TryAcquire(ctx context.Context, opts ...Option) (*Lock, erro
 	start := c.clock.Now()
 	lc := settings{ttl: c.ttl}
 	if err := applyOptions(&lc, "Semaphore.TryAcquire", opts, Option.everyOption); err != nil {
-		return nil, c.acquireFailed(s.key, start, err)
+		return nil, c.targetFailed(s.target(), start, err)
 	}
 	l, err := c.tryFrom(ctx, s.target(), lc.ttl, start, nil)
 	if err != nil {
-		return nil, c.acquireFailed(s.key, start, err)
+		return nil, c.targetFailed(s.target(), start, err)
 	}
 	return l, nil
 }
@@ -132,11 +132,11 @@ func (s *Semaphore) Acquire(ctx context.Context, opts ...AcquireOption) (*Lock, 
 	start := c.clock.Now()
 	lc := settings{ttl: c.ttl}
 	if err := applyOptions(&lc, "Semaphore.Acquire", opts, AcquireOption.acquireOption); err != nil {
-		return nil, c.acquireFailed(s.key, start, err)
+		return nil, c.targetFailed(s.target(), start, err)
 	}
 	l, err := c.acquire(ctx, s.target(), lc, start)
 	if err != nil {
-		return nil, c.acquireFailed(s.key, start, err)
+		return nil, c.targetFailed(s.target(), start, err)
 	}
 	return l, nil
 }
@@ -148,11 +148,11 @@ func (s *Semaphore) WithPermit(ctx context.Context, fn func(ctx context.Context)
 	c := s.c
 	start := c.clock.Now()
 	if fn == nil {
-		return c.acquireFailed(s.key, start, invalidArg("Semaphore.WithPermit: nil fn"))
+		return c.targetFailed(s.target(), start, invalidArg("Semaphore.WithPermit: nil fn"))
 	}
 	lc := settings{ttl: c.ttl}
 	if err := applyOptions(&lc, "Semaphore.WithPermit", opts, AcquireOption.acquireOption); err != nil {
-		return c.acquireFailed(s.key, start, err)
+		return c.targetFailed(s.target(), start, err)
 	}
 	return c.withLock(ctx, s.target(), lc, start, fn)
 }

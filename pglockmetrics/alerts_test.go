@@ -90,18 +90,20 @@ func TestMetricsAnAlertWatchesExistAtZero(t *testing.T) {
 	const job = "inventory:stock-reconciliation"
 	families := scrapeMetrics(t, job)
 
-	require.Equal(t, map[string]float64{"reason=expired": 0, "reason=refused": 0, "reason=release-refused": 0},
+	require.Equal(t, map[string]float64{"kind=lock,reason=expired": 0, "kind=lock,reason=refused": 0, "kind=lock,reason=release-refused": 0,
+		"kind=permit,reason=expired": 0, "kind=permit,reason=refused": 0, "kind=permit,reason=release-refused": 0},
 		samples(families["pglock_locks_lost_total"]))
 	require.Equal(t, map[string]float64{"": 0}, samples(families["pglock_renewal_failures_total"]))
 	require.Equal(t, map[string]float64{"": 0}, samples(families["pglock_events_dropped_total"]))
-	require.Equal(t, map[string]float64{"": 0}, samples(families["pglock_releases_total"]))
-	require.Len(t, samples(families["pglock_acquisitions_total"]), 6)
+	require.Equal(t, map[string]float64{"kind=lock": 0, "kind=permit": 0}, samples(families["pglock_releases_total"]))
+	require.Len(t, samples(families["pglock_acquisitions_total"]), 12, "6 outcomes of 2 kinds")
 	require.Equal(t, map[string]float64{
 		"outcome=ok,pglock_job_name=" + job: 0, "outcome=error,pglock_job_name=" + job: 0,
 		"outcome=panicked,pglock_job_name=" + job: 0, "outcome=lost,pglock_job_name=" + job: 0,
 	}, samples(families["pglock_job_runs_total"]))
 	require.Equal(t, map[string]float64{
 		"pglock_job_name=" + job + ",reason=other-instance": 0, "pglock_job_name=" + job + ",reason=run-in-progress": 0,
+		"pglock_job_name=" + job + ",reason=limit-reached": 0,
 	}, samples(families["pglock_job_skips_total"]))
 
 	for name, f := range families {

@@ -8,32 +8,33 @@
 // # Instruments
 //
 // Counters:
-//   - pglock.acquisitions {acquisition}, by outcome: acquired, not_acquired (the key was
-//     held, for the whole wait), canceled (the caller's ctx ended), closed, invalid (bad
-//     input), error (the store's);
-//   - pglock.releases {release};
-//   - pglock.locks.lost {lock}, by reason (pglock.Reason: expired, refused, ...);
+//   - pglock.acquisitions {acquisition}, by kind and outcome: acquired, not_acquired (the
+//     key was held, or every permit of the semaphore, for the whole wait), canceled (the
+//     caller's ctx ended), closed, invalid (bad input), error (the store's);
+//   - pglock.releases {release}, by kind;
+//   - pglock.locks.lost {lock}, by kind and reason (pglock.Reason: expired, refused, ...);
 //   - pglock.renewal.failures {call}: renewal calls that failed (a lock is lost only if
 //     they go on failing until its deadline);
 //   - pglock.job.runs {run}, by pglock.job.name and outcome (pglock.Outcome);
 //   - pglock.job.skips {tick}, by pglock.job.name and reason.
 //
 // The counters an alert watches exist from the start, at 0: every acquisition outcome,
-// releases, the reasons a lock is lost (expired, refused, release-refused) and renewal
-// failures from New; a job's runs by every outcome and skips by every reason from its
+// releases, the reasons a lock is lost (expired, refused, release-refused), each of
+// both kinds, and renewal failures from New; a job's runs by every outcome and skips by
+// every reason (limit-reached too, for a job with pglock.AtMost) from its
 // registration on an observed client (pglock.EventJobRegistered), before its first run.
 // So increase(pglock_locks_lost_total[5m]) sees the first lost lock, and a job that
 // never runs has series that stay at 0.
 //
 // Histograms, in seconds:
-//   - pglock.acquire.duration: the store call that took a lock;
-//   - pglock.acquire.wait: from an Acquire, TryAcquire or WithLock call to the lock, or
-//     to giving up, by outcome;
+//   - pglock.acquire.duration: the store call that took a lock, by kind;
+//   - pglock.acquire.wait: from an Acquire, TryAcquire or WithLock call (a Semaphore's
+//     too) to the lock, or to giving up, by kind and outcome;
 //   - pglock.renewal.duration: one renewal call, which renews every lock of a ttl;
 //   - pglock.job.duration: a job's run, by pglock.job.name.
 //
-// Gauges, from Client.Health: pglock.locks.held {lock}, pglock.elections.led
-// {election}, summed over the observed clients.
+// Gauges, from Client.Health: pglock.locks.held {lock}, by kind, and
+// pglock.elections.led {election}, summed over the observed clients.
 //
 // A counter from Client.Health: pglock.events.dropped {event}, the events the observed
 // clients dropped because their handlers were too slow (see pglock.WithEventHandler),
@@ -42,7 +43,10 @@
 // # Attributes
 //
 // Attributes come from small fixed sets, so that a series never exists per lock: a lock's
-// key is never one. Jobs are named by their key (or gocron job name) because jobs are
+// key is never one, nor a semaphore's, nor a permit's number. kind is lock (a lock of a
+// key: a caller's, a job's run lock or lease, an election's) or permit (a permit of a
+// semaphore, pglock.Client.Semaphore, or of a job with pglock.AtMost): the two add up
+// to what a dashboard showed before semaphores. Jobs are named by their key (or gocron job name) because jobs are
 // registered on the client, a few per application. The job's attribute is
 // pglock.job.name (as OpenTelemetry names k8s.job.name), pglock_job_name in Prometheus:
 // never job or instance, the labels Prometheus gives every series it scrapes, which
@@ -80,13 +84,21 @@ const (
 // jobAttribute is the attribute that names a job: its key (or gocron job name).
 const jobAttribute = "pglock.job.name"
 
+// Kinds: the values of the kind attribute.
+const (
+	KindLock   = "lock"   // a lock of a key
+	KindPermit = "permit" // a permit of a semaphore
+)
+
+var kinds = []string{KindLock, KindPermit}
+
 // lostReasons are the reasons a lock is lost (pglock.LockLostError.Reason).
 var lostReasons = []pglock.Reason{pglock.ReasonExpired, pglock.ReasonRefused, pglock.ReasonReleaseRefused}
 
 // jobOutcomes and skipReasons are a job's runs' outcomes and its ticks' skip reasons.
 var (
 	jobOutcomes = []pglock.Outcome{pglock.OutcomeOK, pglock.OutcomeError, pglock.OutcomePanicked, pglock.OutcomeLost}
-	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress}
+	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress, pglock.ReasonLimitReached}
 )
 
 // buckets are the histograms' bounds, in seconds: from a millisecond (a store call on a
@@ -153,7 +165,7 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	m.acquireWait = histogram("pglock.acquire.wait", "Time from an acquisition call to the lock or to giving up, by outcome.")
 	m.renewalDuration = histogram("pglock.renewal.duration", "Latency of one renewal call.")
 	m.jobDuration = histogram("pglock.job.duration", "Duration of a job's run, by job.")
-	m.held = gauge("pglock.locks.held", "{lock}", "Locks held now.")
+	m.held = gauge("pglock.locks.held", "{lock}", "Locks and permits held now, by kind.")
 	m.led = gauge("pglock.elections.led", "{election}", "Elections led now.")
 	var err error
 	m.dropped, err = meter.Int64ObservableCounter("pglock.events.dropped", metric.WithUnit("{event}"),
@@ -168,12 +180,15 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	// The counters an alert watches, at 0 from the start (an absent series is no
 	// increase, and the first event would go unseen).
 	ctx := context.Background()
-	for _, o := range []string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeClosed, OutcomeInvalid, OutcomeError} {
-		m.acquisitions.Add(ctx, 0, metric.WithAttributes(attribute.String("outcome", o)))
-	}
-	m.releases.Add(ctx, 0)
-	for _, r := range lostReasons {
-		m.lost.Add(ctx, 0, metric.WithAttributes(attribute.String("reason", string(r))))
+	for _, k := range kinds {
+		kind := attribute.String("kind", k)
+		for _, o := range []string{OutcomeAcquired, OutcomeNotAcquired, OutcomeCanceled, OutcomeClosed, OutcomeInvalid, OutcomeError} {
+			m.acquisitions.Add(ctx, 0, metric.WithAttributes(kind, attribute.String("outcome", o)))
+		}
+		m.releases.Add(ctx, 0, metric.WithAttributes(kind))
+		for _, r := range lostReasons {
+			m.lost.Add(ctx, 0, metric.WithAttributes(kind, attribute.String("reason", string(r))))
+		}
 	}
 	m.renewalFailures.Add(ctx, 0)
 	return m, nil
@@ -184,18 +199,19 @@ func (m *Metrics) Handle(ev pglock.Event) {
 	ctx := context.Background()
 	switch ev.Type {
 	case pglock.EventAcquired:
-		set := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", OutcomeAcquired)))
+		kind := kindOf(ev)
+		set := metric.WithAttributeSet(attribute.NewSet(kind, attribute.String("outcome", OutcomeAcquired)))
 		m.acquisitions.Add(ctx, 1, set)
 		m.acquireWait.Record(ctx, ev.Wait.Seconds(), set)
-		m.acquireDuration.Record(ctx, ev.Duration.Seconds())
+		m.acquireDuration.Record(ctx, ev.Duration.Seconds(), metric.WithAttributes(kind))
 	case pglock.EventAcquireFailed:
-		set := metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", acquireOutcome(ev.Err))))
+		set := metric.WithAttributeSet(attribute.NewSet(kindOf(ev), attribute.String("outcome", acquireOutcome(ev.Err))))
 		m.acquisitions.Add(ctx, 1, set)
 		m.acquireWait.Record(ctx, ev.Wait.Seconds(), set)
 	case pglock.EventReleased:
-		m.releases.Add(ctx, 1)
+		m.releases.Add(ctx, 1, metric.WithAttributes(kindOf(ev)))
 	case pglock.EventLost:
-		m.lost.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", string(ev.Reason))))
+		m.lost.Add(ctx, 1, metric.WithAttributes(kindOf(ev), attribute.String("reason", string(ev.Reason))))
 	case pglock.EventRenewal:
 		m.renewalDuration.Record(ctx, ev.Duration.Seconds())
 		if ev.Err != nil {
@@ -220,6 +236,14 @@ func (m *Metrics) Handle(ev pglock.Event) {
 	case pglock.EventJobSkipped:
 		m.jobSkips.Add(ctx, 1, metric.WithAttributes(attribute.String(jobAttribute, ev.Key), attribute.String("reason", string(ev.Reason))))
 	}
+}
+
+// kindOf is the kind attribute of an event about a lock or a permit.
+func kindOf(ev pglock.Event) attribute.KeyValue {
+	if ev.Permit > 0 || ev.Permits > 0 {
+		return attribute.String("kind", KindPermit)
+	}
+	return attribute.String("kind", KindLock)
 }
 
 // acquireOutcome classifies why an acquisition failed.
@@ -262,14 +286,16 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 	}
 	dropped := m.gone
 	m.mu.Unlock()
-	var held, led int64
+	var locks, permits, led int64
 	for _, c := range clients {
 		h := c.Health()
-		held += int64(h.Held)
+		locks += int64(h.Held - h.Permits)
+		permits += int64(h.Permits)
 		led += int64(h.Leading)
 		dropped += h.EventsDropped
 	}
-	o.ObserveInt64(m.held, held)
+	o.ObserveInt64(m.held, locks, metric.WithAttributes(attribute.String("kind", KindLock)))
+	o.ObserveInt64(m.held, permits, metric.WithAttributes(attribute.String("kind", KindPermit)))
 	o.ObserveInt64(m.led, led)
 	o.ObserveInt64(m.dropped, dropped)
 	return nil

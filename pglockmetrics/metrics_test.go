@@ -168,7 +168,7 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(ctx, &rm))
 	got := read(t, rm)
-	require.Equal(t, map[string]int64{"": 1}, got.gauges["pglock.locks.held"], "the election's lease")
+	require.Equal(t, map[string]int64{"kind=lock": 1, "kind=permit": 0}, got.gauges["pglock.locks.held"], "the election's lease")
 	require.Equal(t, map[string]int64{"": 1}, got.gauges["pglock.elections.led"])
 
 	require.NoError(t, a.Close(ctx))
@@ -177,21 +177,25 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	got = read(t, rm)
 
 	require.Equal(t, map[string]int64{
-		"outcome=acquired":     6, // a: k1, k2; b: k2, two runs, the election
-		"outcome=not_acquired": 3, // b: k2 twice; a: the skipped run
-		"outcome=invalid":      1,
-		"outcome=canceled":     1,
-		"outcome=closed":       0, // every outcome from the start
-		"outcome=error":        0,
+		"kind=lock,outcome=acquired":     6, // a: k1, k2; b: k2, two runs, the election
+		"kind=lock,outcome=not_acquired": 3, // b: k2 twice; a: the skipped run
+		"kind=lock,outcome=invalid":      1,
+		"kind=lock,outcome=canceled":     1,
+		"kind=lock,outcome=closed":       0, // every outcome of both kinds from the start
+		"kind=lock,outcome=error":        0,
+		"kind=permit,outcome=acquired":   0, "kind=permit,outcome=not_acquired": 0, "kind=permit,outcome=invalid": 0,
+		"kind=permit,outcome=canceled": 0, "kind=permit,outcome=closed": 0, "kind=permit,outcome=error": 0,
 	}, got.sums["pglock.acquisitions"])
-	require.Equal(t, map[string]int64{"": 4}, got.sums["pglock.releases"], "k2, two runs, the lease")
-	require.Equal(t, map[string]int64{"reason=expired": 1, "reason=refused": 1, "reason=release-refused": 0}, got.sums["pglock.locks.lost"])
+	require.Equal(t, map[string]int64{"kind=lock": 4, "kind=permit": 0}, got.sums["pglock.releases"], "k2, two runs, the lease")
+	require.Equal(t, map[string]int64{"kind=lock,reason=expired": 1, "kind=lock,reason=refused": 1, "kind=lock,reason=release-refused": 0,
+		"kind=permit,reason=expired": 0, "kind=permit,reason=refused": 0, "kind=permit,reason=release-refused": 0}, got.sums["pglock.locks.lost"])
 	failures := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal && e.Err != nil })
 	require.Positive(t, failures)
 	require.Equal(t, map[string]int64{"": failures}, got.sums["pglock.renewal.failures"])
 	require.Equal(t, map[string]int64{
 		"pglock.job.name=reports:nightly,reason=run-in-progress": 1,
 		"pglock.job.name=reports:nightly,reason=other-instance":  0, // from the job's registration
+		"pglock.job.name=reports:nightly,reason=limit-reached":   0,
 	}, got.sums["pglock.job.skips"])
 	require.Equal(t, map[string]int64{
 		"outcome=ok,pglock.job.name=reports:nightly":       1,
@@ -200,9 +204,9 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 		"outcome=lost,pglock.job.name=reports:nightly":     0,
 	}, got.sums["pglock.job.runs"])
 
-	require.Equal(t, map[string]uint64{"": 6}, got.counts["pglock.acquire.duration"])
+	require.Equal(t, map[string]uint64{"kind=lock": 6}, got.counts["pglock.acquire.duration"])
 	require.Equal(t, map[string]uint64{
-		"outcome=acquired": 6, "outcome=not_acquired": 3, "outcome=invalid": 1, "outcome=canceled": 1,
+		"kind=lock,outcome=acquired": 6, "kind=lock,outcome=not_acquired": 3, "kind=lock,outcome=invalid": 1, "kind=lock,outcome=canceled": 1,
 	}, got.counts["pglock.acquire.wait"])
 	renewals := seen.count(func(e pglock.Event) bool { return e.Type == pglock.EventRenewal })
 	require.Equal(t, map[string]uint64{"": uint64(renewals)}, got.counts["pglock.renewal.duration"])
@@ -216,8 +220,78 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	}
 	// Attributes are bounded: never a lock's key.
 	for _, kv := range got.attributes {
-		require.Contains(t, []attribute.Key{"outcome", "reason", "pglock.job.name"}, kv.Key)
+		require.Contains(t, []attribute.Key{"kind", "outcome", "reason", "pglock.job.name"}, kv.Key)
 		require.NotContains(t, kv.Value.String(), t.Name())
+	}
+}
+
+// A semaphore's permits are counted apart from locks (kind=permit), never by key or
+// permit number, and a job with AtMost skips a tick as limit-reached, counted from its
+// registration at 0.
+func TestMetricsShowPermitsApartFromLocks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	m, reader := newMetrics(t)
+	c, err := pglock.New(pglocktest.Postgres(t), pglock.WithLogger(discard), pglock.WithEventHandler(m.Handle))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	defer m.Observe(c)()
+	collect := func() collected {
+		t.Helper()
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		return read(t, rm)
+	}
+
+	exports, err := c.Semaphore(t.Name()+":exports", 2)
+	require.NoError(t, err)
+	first, err := exports.TryAcquire(ctx)
+	require.NoError(t, err)
+	_, err = exports.Acquire(ctx) // the second permit, kept till Close
+	require.NoError(t, err)
+	_, err = exports.TryAcquire(ctx)
+	require.ErrorIs(t, err, pglock.ErrNotAcquired, "both permits are held")
+	_, err = exports.Acquire(ctx, pglock.Wait(50*time.Millisecond))
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	lock, err := c.TryAcquire(ctx, t.Name()+":lock")
+	require.NoError(t, err)
+
+	// A job with AtMost(1) whose one permit another holder has: its tick is skipped.
+	const job = "reports:limited"
+	j, err := c.Job(job, func(context.Context) error { return nil }, pglock.AtMost(1))
+	require.NoError(t, err)
+	got := collect()
+	require.Equal(t, int64(0), got.sums["pglock.job.skips"]["pglock.job.name="+job+",reason=limit-reached"], "from the registration on")
+	jobSem, err := c.Semaphore(job, 1)
+	require.NoError(t, err)
+	held, err := jobSem.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.NoError(t, j.Run(ctx))
+	got = collect()
+	require.Equal(t, map[string]int64{"kind=lock": 1, "kind=permit": 3}, got.gauges["pglock.locks.held"])
+	require.NoError(t, held.Release(ctx))
+	require.NoError(t, first.Release(ctx))
+	require.NoError(t, lock.Release(ctx))
+
+	require.Eventually(t, func() bool { // the events reach the handler on the client's goroutine
+		got = collect()
+		return got.sums["pglock.releases"]["kind=lock"] == 1 && got.sums["pglock.releases"]["kind=permit"] == 2
+	}, 10*time.Second, 10*time.Millisecond, "the releases counted")
+	require.Equal(t, map[string]int64{"kind=lock": 0, "kind=permit": 1}, got.gauges["pglock.locks.held"])
+	acq := got.sums["pglock.acquisitions"]
+	require.Equal(t, int64(3), acq["kind=permit,outcome=acquired"], "two of exports, one of the job's")
+	require.Equal(t, int64(3), acq["kind=permit,outcome=not_acquired"], "exports full twice, the job's limit once")
+	require.Equal(t, int64(1), acq["kind=lock,outcome=acquired"])
+	require.Equal(t, int64(0), acq["kind=lock,outcome=not_acquired"])
+	require.Equal(t, map[string]int64{"kind=lock": 1, "kind=permit": 2}, got.sums["pglock.releases"])
+	require.Equal(t, map[string]uint64{"kind=lock": 1, "kind=permit": 3}, got.counts["pglock.acquire.duration"])
+	require.Equal(t, map[string]int64{
+		"pglock.job.name=" + job + ",reason=limit-reached": 1, "pglock.job.name=" + job + ",reason=other-instance": 0,
+		"pglock.job.name=" + job + ",reason=run-in-progress": 0,
+	}, got.sums["pglock.job.skips"])
+	for _, kv := range got.attributes {
+		require.Contains(t, []attribute.Key{"kind", "outcome", "reason", "pglock.job.name"}, kv.Key)
+		require.NotContains(t, kv.Value.String(), t.Name(), "never a semaphore's key")
 	}
 }
 

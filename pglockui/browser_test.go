@@ -162,6 +162,44 @@ func TestBrowserForceReleaseAfterConfirmation(t *testing.T) {
 	tb.waitFor(2*time.Second, `document.querySelector(`+row("orders:42")+`+".held td.token")?.textContent === `+js(strconv.FormatInt(next.Token(), 10)), "the next holder shows")
 }
 
+func TestBrowserForceReleaseOfAPermit(t *testing.T) {
+	t.Parallel()
+	pool := newDatabase(t)
+	console := newClient(t, pool, "web-1")
+	worker := newClient(t, pool, "worker-1")
+	root := serve(t, console, pglockui.WithAuthorize(isAdmin))
+	sem, err := worker.Semaphore("exports", 2)
+	require.NoError(t, err)
+	var permits []*pglock.Lock
+	for range 2 {
+		l, err := sem.TryAcquire(t.Context(), pglock.TTL(3*time.Second))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Release(context.Background()) })
+		permits = append(permits, l)
+	}
+	lock := holder(t, worker, "orders:42", time.Minute)
+
+	tb := newTab(t)
+	tb.login(root)
+	tb.open(root)
+	button := `button.force-release[data-key="exports"][data-permit="2"]`
+	tb.waitFor(2*time.Second, `document.querySelector(`+js(button)+`) !== null`, "the permit's force-release button")
+	tb.do(5*time.Second, chromedp.Click(chromedp.CSS(button)))
+	tb.waitFor(time.Second, `document.getElementById("confirm").open`, "the confirmation opens")
+	require.Contains(t, eval[string](tb, `document.getElementById("confirm-text").textContent`), "Force-release permit 2 of exports?")
+	tb.do(5*time.Second, chromedp.Click(chromedp.ID("confirm-yes")))
+	select {
+	case <-permits[1].Context().Done():
+	case <-time.After(3 * time.Second):
+		t.Fatal("the holder of permit 2 did not lose it within ttl/3 of the confirmation")
+	}
+	require.NoError(t, permits[0].Context().Err(), "permit 1 is untouched")
+	require.NoError(t, lock.Context().Err(), "the lock is untouched")
+	tb.waitFor(2*time.Second, `document.getElementById("flash").textContent.includes("force-released permit 2 of \"exports\"")`, "the page says what it broke")
+	tb.waitFor(2*time.Second, `document.querySelector('tr[data-key="exports"][data-permit="2"].free') !== null`, "the permit's row turns free")
+	require.True(t, eval[bool](tb, `document.querySelector('tr[data-key="exports"][data-permit="1"].held') !== null`))
+}
+
 func TestBrowserForgedOrUnauthorizedPostChangesNothing(t *testing.T) {
 	t.Parallel()
 	pool := newDatabase(t)

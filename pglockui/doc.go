@@ -15,13 +15,17 @@
 //
 // # What it serves
 //
-//	GET  /                 the locks (also /locks): ?prefix=, ?sort=key|-key|instance|token|held|expires|waiting (- for descending), ?page=N (100 rows a page)
+//	GET  /                 the locks and semaphores' permits (also /locks): ?prefix=, ?sort=key|-key|instance|token|held|expires|waiting (- for descending), ?page=N (100 rows a page)
 //	GET  /jobs             every job with history
 //	GET  /jobs/{key}       a job's timeline and runs (key path-escaped); ?window=1h|24h
 //	GET  /elections        the leaders, when the client lists its elections
 //	GET  /static/…         the embedded style sheet and script
-//	POST /locks/release    force-release: form field key
+//	POST /locks/release    force-release: form field key, and permit (1 to pglock.MaxPermits) for a semaphore's permit
 //	POST /prune            Client.Prune: form field older_than, a Go duration
+//
+// A semaphore's permits are rows of the locks table under the semaphore's key, each
+// with its own owner and token: the row carries data-permit and its key cell says
+// "permit N".
 //
 // Every URL in its pages is relative, so that it works under any prefix and behind a
 // reverse proxy; its assets are embedded (no CDN, no build step). A page fetches its

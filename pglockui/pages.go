@@ -127,7 +127,7 @@ var lockColumns = []struct{ name, label string }{
 	{"key", "Key"}, {"instance", "Instance"}, {"token", "Token"}, {"held", "Held for"}, {"expires", "Expires in"}, {"waiting", "Waiting"},
 }
 
-// lockOrder orders locks by a column, key breaking ties; now is the store's clock.
+// lockOrder orders locks by a column, key then permit breaking ties; now is the store's clock.
 func lockOrder(col string, desc bool, now time.Time) func(a, b pglock.LockInfo) int {
 	heldFor := func(l pglock.LockInfo) time.Duration {
 		if !l.Held || l.AcquiredAt.IsZero() {
@@ -153,7 +153,7 @@ func lockOrder(col string, desc bool, now time.Time) func(a, b pglock.LockInfo) 
 	return func(a, b pglock.LockInfo) int {
 		c := by(a, b)
 		if c == 0 {
-			c = strings.Compare(a.Key, b.Key)
+			c = cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.Permit, b.Permit))
 		}
 		if desc {
 			return -c

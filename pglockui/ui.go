@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -153,29 +154,54 @@ func (c *console) action(h func(w http.ResponseWriter, r *http.Request)) http.Ha
 	}
 }
 
+// release force-releases the lock key, or with permit (1 to pglock.MaxPermits; "" or
+// "0" for a lock) the permit of the semaphore key.
 func (c *console) release(w http.ResponseWriter, r *http.Request) {
 	key := r.PostFormValue("key")
-	if p := r.PostFormValue("permit"); p != "" && p != "0" {
-		http.Error(w, "permit "+p+": this version of pglock has no permits", http.StatusBadRequest)
-		return
+	permit := 0
+	if p := r.PostFormValue("permit"); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || n > pglock.MaxPermits {
+			http.Error(w, fmt.Sprintf("permit %q: want a permit's number, 1 to %d (0 or none for a lock)", p, pglock.MaxPermits), http.StatusBadRequest)
+			return
+		}
+		permit = n
+	}
+	what := strconv.Quote(key)
+	if permit > 0 {
+		what = fmt.Sprintf("permit %d of %q", permit, key)
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), queryTimeout)
 	defer cancel()
-	info, err := c.client.ForceRelease(ctx, key)
+	info, err := c.forceRelease(ctx, key, permit)
 	switch {
-	case errors.Is(err, pglock.ErrInvalidKey):
+	case errors.Is(err, pglock.ErrInvalidKey), errors.Is(err, pglock.ErrInvalidArgument):
 		http.Error(w, err.Error(), http.StatusBadRequest)
 	case errors.Is(err, pglock.ErrNotHeld):
 		http.Error(w, err.Error(), http.StatusConflict)
 	case err != nil:
-		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "pglockui: force release failed", slog.String("key", key), slog.Any("err", err))
+		c.logger.LogAttrs(r.Context(), slog.LevelWarn, "pglockui: force release failed", slog.String("key", key),
+			slog.Int("permit", permit), slog.Any("err", err))
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	default:
 		c.logger.LogAttrs(r.Context(), slog.LevelInfo, "pglockui: force-released", slog.String("key", key),
-			slog.String("owner", info.Owner), slog.Int64("token", info.Token))
-		fmt.Fprintf(w, "force-released %q: it was held by %s with token %d, its lease had %s left\n",
-			key, info.Owner, info.Token, info.ExpiresIn.Round(time.Millisecond))
+			slog.Int("permit", permit), slog.String("owner", info.Owner), slog.Int64("token", info.Token))
+		fmt.Fprintf(w, "force-released %s: it was held by %s with token %d, its lease had %s left\n",
+			what, info.Owner, info.Token, info.ExpiresIn.Round(time.Millisecond))
 	}
+}
+
+// forceRelease breaks the lock key, or permit of the semaphore key when permit > 0.
+func (c *console) forceRelease(ctx context.Context, key string, permit int) (pglock.LockInfo, error) {
+	if permit == 0 {
+		return c.client.ForceRelease(ctx, key)
+	}
+	// The semaphore's number of permits matters only to an acquisition: any will do.
+	s, err := c.client.Semaphore(key, pglock.MaxPermits)
+	if err != nil {
+		return pglock.LockInfo{}, err
+	}
+	return s.ForceRelease(ctx, permit)
 }
 
 func (c *console) prune(w http.ResponseWriter, r *http.Request) {

@@ -45,6 +45,15 @@ func TestEveryPageRendersRealData(t *testing.T) {
 	require.NoError(t, released.Release(t.Context()))
 	runJob(t, web1, "inventory:reconcile", func(context.Context) error { return nil })
 	runJob(t, web2, "inventory:reconcile", func(context.Context) error { return errors.New("warehouse said 502") })
+	sem, err := web2.Semaphore("exports", 3)
+	require.NoError(t, err)
+	var permits []*pglock.Lock
+	for range 2 {
+		l, err := sem.TryAcquire(t.Context())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = l.Release(context.Background()) })
+		permits = append(permits, l)
+	}
 
 	for _, path := range []string{"", "locks"} {
 		status, body := get(t, root, path)
@@ -61,9 +70,22 @@ func TestEveryPageRendersRealData(t *testing.T) {
 		require.Contains(t, old, `class="free"`)
 		require.NotContains(t, old, "force-release", "a free key has nothing to release")
 		require.Contains(t, body, `<span id="health" class="ready"`)
+		// The semaphore's permits, one row each under its key, with their own tokens.
+		for i, l := range permits {
+			row := permitRowOf(t, body, "exports", i+1)
+			require.Contains(t, row, `class="held"`)
+			require.Contains(t, row, fmt.Sprintf(`<span class="permit" title="permit %d of the semaphore exports">permit %d</span>`, i+1, i+1))
+			require.Contains(t, row, fmt.Sprintf(`<td class="token">%d</td>`, l.Token()))
+			require.Contains(t, row, fmt.Sprintf(`<button type="button" class="force-release" data-key="exports" data-permit="%d"`, i+1))
+		}
+		require.Equal(t, 2, strings.Count(body, `<tr data-key="exports" data-permit=`))
+		require.NotContains(t, rowOf(t, body, "inventory:feed"), "data-permit", "a lock has no permit")
 	}
+	status, body := get(t, root, "?sort=-token&prefix=exports")
+	require.Equal(t, http.StatusOK, status)
+	require.Regexp(t, `(?s)data-permit="2".*data-permit="1"`, body, "sorted by token, descending: permit 2 was taken last")
 
-	status, body := get(t, root, "jobs")
+	status, body = get(t, root, "jobs")
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, `<table id="jobs">`)
 	require.Contains(t, body, `<tr data-job="inventory:reconcile">`)
@@ -93,6 +115,14 @@ func TestEveryPageRendersRealData(t *testing.T) {
 		status, _ := get(t, root, asset)
 		require.Equal(t, http.StatusOK, status, asset)
 	}
+}
+
+// permitRowOf returns the locks table's row of permit of the semaphore key.
+func permitRowOf(t *testing.T, body, key string, permit int) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?s)<tr data-key="` + regexp.QuoteMeta(key) + `" data-permit="` + fmt.Sprint(permit) + `".*?</tr>`).FindString(body)
+	require.NotEmpty(t, m, "no row for permit %d of %q", permit, key)
+	return m
 }
 
 // rowOf returns the locks table's row of key.
@@ -208,12 +238,58 @@ func TestForceReleaseThroughTheConsole(t *testing.T) {
 	require.Contains(t, body, "no live holder")
 }
 
+func TestForceReleaseOfAPermitThroughTheConsole(t *testing.T) {
+	t.Parallel()
+	pool := newDatabase(t)
+	app := newClient(t, pool, "web-1")
+	other := newClient(t, pool, "web-2")
+	root := serve(t, other, pglockui.WithAuthorize(func(*http.Request) bool { return true }))
+	sem, err := app.Semaphore("exports", 2)
+	require.NoError(t, err)
+	first, err := sem.TryAcquire(t.Context(), pglock.TTL(3*time.Second))
+	require.NoError(t, err)
+	second, err := sem.TryAcquire(t.Context(), pglock.TTL(3*time.Second))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = first.Release(context.Background()) })
+
+	status, body := post(t, root, "locks/release", url.Values{"key": {"exports"}, "permit": {"2"}}, nil)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, fmt.Sprintf(`force-released permit 2 of "exports": it was held by %s with token %d`, second.Owner(), second.Token()))
+	select {
+	case <-second.Context().Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("the holder of permit 2 did not lose it within ttl/3")
+	}
+	require.NoError(t, first.Context().Err(), "permit 1 is untouched")
+
+	next, err := other.Semaphore("exports", 2)
+	require.NoError(t, err)
+	l, err := next.TryAcquire(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Release(context.Background()) })
+	require.Equal(t, 2, l.Permit())
+	require.Greater(t, l.Token(), second.Token())
+
+	status, body = post(t, root, "locks/release", url.Values{"key": {"exports"}, "permit": {"3"}}, nil)
+	require.Equal(t, http.StatusConflict, status, body)
+	require.Contains(t, body, `permit 3 of "exports" has no live holder`)
+	status, body = post(t, root, "locks/release", url.Values{"key": {"exports"}}, nil)
+	require.Equal(t, http.StatusConflict, status, "the semaphore's key is no lock")
+	require.Contains(t, body, "no live holder")
+	require.NoError(t, first.Context().Err())
+}
+
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
 	pool := newDatabase(t)
 	c := newClient(t, pool, "web-1")
 	root := serve(t, c, pglockui.WithAuthorize(func(*http.Request) bool { return true }))
 	l := holder(t, c, "inventory:feed", time.Minute)
+	sem, err := c.Semaphore("exports", 2)
+	require.NoError(t, err)
+	p, err := sem.TryAcquire(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Release(context.Background()) })
 
 	gets := []struct {
 		path   string
@@ -246,7 +322,11 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"locks/release", url.Values{}, "invalid key"},
 		{"locks/release", url.Values{"key": {"a\x00b"}}, "invalid key"},
-		{"locks/release", url.Values{"key": {"inventory:feed"}, "permit": {"2"}}, "permit"},
+		{"locks/release", url.Values{"key": {"exports"}, "permit": {"-1"}}, `permit "-1": want a permit's number, 1 to 1000`},
+		{"locks/release", url.Values{"key": {"exports"}, "permit": {"1001"}}, `permit "1001"`},
+		{"locks/release", url.Values{"key": {"exports"}, "permit": {"two"}}, `permit "two"`},
+		{"locks/release", url.Values{"key": {strings.Repeat("k", pglock.MaxKeyLength-4)}, "permit": {"1"}}, "invalid key"},
+		{"locks/release", url.Values{"key": {"a\x1fb"}, "permit": {"1"}}, "invalid key"},
 		{"prune", url.Values{}, "older_than"},
 		{"prune", url.Values{"older_than": {"soon"}}, "older_than"},
 		{"prune", url.Values{"older_than": {"-1h"}}, "negative"},
@@ -257,6 +337,7 @@ func TestBadRequests(t *testing.T) {
 		require.Contains(t, body, p.says)
 	}
 	require.NoError(t, l.Context().Err(), "still held")
+	require.NoError(t, p.Context().Err(), "still held")
 }
 
 func TestNewRefusesBadInput(t *testing.T) {

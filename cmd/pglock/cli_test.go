@@ -38,23 +38,26 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		r := pglockCmd(t, []string{"COLUMNS=200"}, "locks", "-url", url, "-prefix", p) // the test's long keys whole
 		require.Equal(t, 0, r.code, r.stderr)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-		require.Regexp(t, `^KEY\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES\s+WAITING$`, lines[0])
-		row := func(key string) string {
+		require.Regexp(t, `^KEY\s+PERMIT\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES\s+WAITING$`, lines[0])
+		row := func(key, permit string) string {
 			for _, l := range lines {
-				if strings.HasPrefix(l, key+" ") {
+				if f := strings.Fields(l); len(f) > 1 && f[0] == key && f[1] == permit {
 					return l
 				}
 			}
-			t.Fatalf("no row for %s in\n%s", key, r.stdout)
+			t.Fatalf("no row for %s %s in\n%s", key, permit, r.stdout)
 			return ""
 		}
 		for _, key := range []string{p + "orders:1", p + "orders:2", p + "stuck:1"} {
-			require.Regexp(t, `^\S+\s+worker-1/\S+\s+`+itoa(h.tokens[key])+`\s+yes\s+in [0-9.]+m?s`, row(key))
+			require.Regexp(t, `^\S+\s+-\s+worker-1/\S+\s+`+itoa(h.tokens[key])+`\s+yes\s+in [0-9.]+m?s`, row(key, "-"))
 		}
-		require.Regexp(t, `\s+yes$`, row(p+"orders:2"), "orders:2 is waited for")
-		require.Regexp(t, `\s+yes\s+in [0-9.]+m?s$`, row(p+"orders:1"), "nobody waits for orders:1")
-		require.Regexp(t, `^\S+\s+worker-1/\S+\s+\d+\s+yes\s`, row(p+"reconcile:owner"), "worker-1 owns the job reconcile")
-		require.Regexp(t, `^\S+\s+-\s+\d+\s+no\s+released \S+ ago$`, row(p+"export"), "the run lock of export was released")
+		for _, permit := range []string{"1", "2"} { // a semaphore's permits under its key, each with its token
+			require.Regexp(t, `^\S+\s+`+permit+`\s+worker-1/\S+\s+`+itoa(h.tokens[p+"feed#"+permit])+`\s+yes\s+in [0-9.]+m?s$`, row(p+"feed", permit))
+		}
+		require.Regexp(t, `\s+yes$`, row(p+"orders:2", "-"), "orders:2 is waited for")
+		require.Regexp(t, `\s+yes\s+in [0-9.]+m?s$`, row(p+"orders:1", "-"), "nobody waits for orders:1")
+		require.Regexp(t, `^\S+\s+-\s+worker-1/\S+\s+\d+\s+yes\s`, row(p+"reconcile:owner", "-"), "worker-1 owns the job reconcile")
+		require.Regexp(t, `^\S+\s+-\s+-\s+\d+\s+no\s+released \S+ ago$`, row(p+"export", "-"), "the run lock of export was released")
 
 		// 100 columns by default, or COLUMNS: the owners give way first, then the keys.
 		r = pglockCmd(t, nil, "locks", "-url", url, "-prefix", p)
@@ -64,7 +67,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.Equal(t, 0, r.code, r.stderr)
 		requireFits(t, r.stdout, 80)
 		require.Contains(t, r.stdout, "…")
-		require.Equal(t, "6 locks, 4 held, 1 waited for", lines[len(lines)-1])
+		require.Equal(t, "6 locks, 2 permits of 1 semaphore, 6 held, 1 waited for", lines[len(lines)-1])
 	})
 
 	t.Run("LocksJSONGivesEveryField", func(t *testing.T) {
@@ -87,6 +90,19 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.NoError(t, err)
 		require.WithinDuration(t, time.Now(), expires, time.Minute)
 		require.Equal(t, false, locks[0]["waiting"])
+		require.Equal(t, 0.0, locks[0]["permit"], "a lock's permit is 0")
+
+		r = pglockCmd(t, nil, "locks", "-json", "-url", url, "-prefix", p+"feed")
+		require.Equal(t, 0, r.code, r.stderr)
+		var permits []lockJSON
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &permits), r.stdout)
+		require.Len(t, permits, 2)
+		for i, l := range permits {
+			require.Equal(t, p+"feed", l.Key, "a permit is listed under its semaphore's key")
+			require.Equal(t, i+1, l.Permit)
+			require.Equal(t, h.tokens[fmt.Sprintf("%sfeed#%d", p, i+1)], l.Token)
+			require.True(t, l.Held)
+		}
 	})
 
 	t.Run("LocksWithAPrefixThatMatchesNothingSaysSo", func(t *testing.T) {
@@ -201,6 +217,17 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.Equal(t, before[0].Token, after[0].Token)
 	})
 
+	t.Run("ReleaseOfAPermitWithoutForceSaysWhatItWouldBreakAndBreaksNothing", func(t *testing.T) {
+		t.Parallel()
+		key := p + "feed"
+		before := locksJSONOf(t, url, key)
+		r := pglockCmd(t, nil, "release", "-url", url, key, "-permit", "2")
+		require.Equal(t, exitUsage, r.code)
+		require.Regexp(t, `^would release permit 2 of "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key+"#2"])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(r.stdout))
+		require.Equal(t, `pglock: release: -force is required to break permit 2 of "`+key+`": nothing changed`+"\n", r.stderr)
+		require.Equal(t, holders(before), holders(locksJSONOf(t, url, key)))
+	})
+
 	t.Run("MigrateStatusSaysEverythingIsApplied", func(t *testing.T) {
 		t.Parallel()
 		available, err := migrations()
@@ -261,6 +288,52 @@ func TestReleaseForceBreaksTheHolderLock(t *testing.T) {
 	require.Equal(t, exitNotFound, r.code, "broken twice")
 	require.Equal(t, `pglock: release: "`+key+`" has no live holder: nothing to break`+"\n", r.stderr)
 	require.Empty(t, r.stdout)
+}
+
+// TestReleaseForceBreaksAPermit breaks permit 2 of a semaphore that another process
+// holds permits 1 and 2 of: that holder's permit ctx is cancelled, the permit's next
+// acquisition gets a greater token, and permit 1 is untouched.
+func TestReleaseForceBreaksAPermit(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	p := keyPrefix(t)
+	h := startHolder(t, url, p)
+	key := p + "feed"
+	broken := h.tokens[key+"#2"]
+
+	r := pglockCmd(t, nil, "release", "-force", "-url", url, key, "-permit", "2")
+	require.Equal(t, 0, r.code, r.stderr)
+	requireFits(t, r.stdout, defaultWidth)
+	require.Regexp(t, `^released permit 2 of "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\. `+
+		`The semaphore has one more free permit at once; its other permits are untouched\. Its holder's next renewal is refused and the context under the permit cancelled; `+
+		`the permit's next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(r.stdout))
+	require.Equal(t, "lost "+key+"#2", h.next(t, 3*holderTTL))
+
+	locks := locksJSONOf(t, url, key)
+	require.Len(t, locks, 2)
+	require.Equal(t, 1, locks[0].Permit)
+	require.True(t, locks[0].Held, "permit 1 is untouched")
+	require.Equal(t, h.tokens[key+"#1"], locks[0].Token)
+	require.False(t, locks[1].Held, "permit 2 is free")
+
+	sem, err := newClient(t, url).Semaphore(key, 3)
+	require.NoError(t, err)
+	l, err := sem.TryAcquire(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 2, l.Permit(), "the lowest free permit")
+	require.Greater(t, l.Token(), broken)
+	require.NoError(t, l.Release(context.Background()))
+
+	r = pglockCmd(t, nil, "release", "-force", "-json", "-url", url, key, "-permit", "2")
+	require.Equal(t, exitNotFound, r.code, "broken twice")
+	require.Equal(t, `pglock: release: permit 2 of "`+key+`" has no live holder: nothing to break`+"\n", r.stderr)
+	r = pglockCmd(t, nil, "release", "-force", "-json", "-url", url, "-permit", "1", key)
+	require.Equal(t, 0, r.code, r.stderr)
+	var out releaseJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.True(t, out.Released)
+	require.Equal(t, lockJSON{Key: key, Permit: 1, Owner: out.Lock.Owner, Instance: "worker-1", Token: h.tokens[key+"#1"], Held: true,
+		ExpiresAt: out.Lock.ExpiresAt, ExpiresInSeconds: out.Lock.ExpiresInSeconds}, out.Lock)
 }
 
 // TestPruneDeletesOnlyOldEndedLocks prunes released locks and keeps a held one.
@@ -349,6 +422,11 @@ func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
 	held, err := client.TryAcquire(context.Background(), p+"held")
 	require.NoError(t, err)
 	defer held.Release(context.Background())
+	sem, err := client.Semaphore(p+"sem", 2)
+	require.NoError(t, err)
+	permit, err := sem.TryAcquire(context.Background())
+	require.NoError(t, err)
+	defer permit.Release(context.Background())
 	before := locksJSONOf(t, url, "")
 	missing, err := devdb.WithDatabase(url, "pglock_cli_no_such_database")
 	require.NoError(t, err)
@@ -375,6 +453,24 @@ func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
 		{"ReleaseOfAFreeKey", []string{"release", "-force", "-url", url, p + "free"}, exitNotFound,
 			`^pglock: release: "` + regexp.QuoteMeta(p) + `free" has no live holder: nothing to break\n$`},
 		{"ReleaseOfAnInvalidKey", []string{"release", "-force", "-url", url, strings.Repeat("k", pglock.MaxKeyLength+1)}, exitUsage,
+			`^pglock: invalid key: .*\n$`},
+		{"ReleaseOfPermitZero", []string{"release", "-force", "-url", url, p + "sem", "-permit", "0"}, exitUsage,
+			`^pglock: release: -permit 0: want 1 to 1000, a permit's number as pglock locks lists it\n$`},
+		{"ReleaseOfANegativePermit", []string{"release", "-force", "-url", url, "-permit", "-1", p + "sem"}, exitUsage,
+			`^pglock: release: -permit -1: want 1 to 1000, `},
+		{"ReleaseOfAPermitAboveMaxPermits", []string{"release", "-force", "-url", url, p + "sem", "-permit", "1001"}, exitUsage,
+			`^pglock: release: -permit 1001: want 1 to 1000, `},
+		{"ReleaseOfAPermitThatIsNoNumber", []string{"release", "-force", "-url", url, p + "sem", "-permit", "two"}, exitUsage,
+			`^pglock: release: invalid value "two" for flag -permit: parse error \(pglock release -h\)\n$`},
+		{"ReleaseOfAPermitOfALock", []string{"release", "-force", "-url", url, p + "held", "-permit", "1"}, exitUsage,
+			`^pglock: release: "` + regexp.QuoteMeta(p) + `held" is a lock, not a semaphore: drop -permit; nothing changed\n$`},
+		{"ReleaseOfAPermitOfALockWithoutForce", []string{"release", "-url", url, p + "held", "-permit", "1"}, exitUsage,
+			`^pglock: release: "` + regexp.QuoteMeta(p) + `held" is a lock, not a semaphore: drop -permit; nothing changed\n$`},
+		{"ReleaseOfASemaphoreWithoutPermit", []string{"release", "-force", "-url", url, p + "sem"}, exitUsage,
+			`^pglock: release: "` + regexp.QuoteMeta(p) + `sem" is a semaphore \(permits 1 held\): give -permit N; nothing changed\n$`},
+		{"ReleaseOfAFreePermit", []string{"release", "-force", "-url", url, p + "sem", "-permit", "2"}, exitNotFound,
+			`^pglock: release: permit 2 of "` + regexp.QuoteMeta(p) + `sem" has no live holder: nothing to break\n$`},
+		{"ReleaseOfAPermitOfAKeyTooLongForASemaphore", []string{"release", "-force", "-url", url, strings.Repeat("k", pglock.MaxKeyLength-4), "-permit", "1"}, exitUsage,
 			`^pglock: invalid key: .*\n$`},
 		{"PruneWithoutOlderThan", []string{"prune", "-url", url}, exitUsage,
 			`^pglock: prune: -older-than is required, for example -older-than 24h\n$`},

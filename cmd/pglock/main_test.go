@@ -79,11 +79,12 @@ func buildAndRun(m *testing.M) int {
 const holderTTL = 3 * time.Second
 
 // runHolder is the holder process. With the keys under prefix, it holds the locks
-// orders:1, orders:2 (which another client waits for) and stuck:1, runs the job
-// reconcile twice (OnOneInstance, so it keeps the job's lease), has a second instance
-// skip it, and runs the job export, which fails. It prints "token <key> <token>" for
-// each lock and "ready" once the runs are recorded, then "lost <key>" when a lock's
-// ctx is cancelled, and stops when stdin closes.
+// orders:1, orders:2 (which another client waits for) and stuck:1, and permits 1 and 2
+// of the semaphore feed (3 permits); runs the job reconcile twice (OnOneInstance, so it
+// keeps the job's lease), has a second instance skip it, and runs the job export,
+// which fails. It prints "token <key> <token>" for each lock and permit (a permit as
+// "<key>#<permit>") and "ready" once the runs are recorded, then "lost <key>" when a
+// lock's ctx is cancelled, and stops when stdin closes.
 func runHolder(url, prefix string) error {
 	ttl := holderTTL
 	if s := os.Getenv(holderTTLEnv); s != "" {
@@ -131,6 +132,28 @@ func runHolder(url, prefix string) error {
 			select {
 			case <-l.Context().Done():
 				say("lost %s", l.Key())
+			case <-ctx.Done():
+			}
+		}()
+	}
+	// Permits 1 and 2 of the semaphore feed, of 3.
+	feed, err := worker1.Semaphore(prefix+"feed", 3)
+	if err != nil {
+		return err
+	}
+	for range 2 {
+		l, err := feed.TryAcquire(ctx)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("%s#%d", l.Key(), l.Permit())
+		say("token %s %d", name, l.Token())
+		stopping.Add(1)
+		go func() {
+			defer stopping.Done()
+			select {
+			case <-l.Context().Done():
+				say("lost %s", name)
 			case <-ctx.Done():
 			}
 		}()

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Hold keeps the next calls of a fake open after they did their work (a count read,
@@ -71,8 +72,11 @@ type FakeAccounting struct {
 	logger *slog.Logger
 	holds  holds
 
-	mu      sync.Mutex
-	batches [][]string
+	mu        sync.Mutex
+	batches   [][]string
+	delay     time.Duration
+	uploading int // uploads in progress
+	most      int // the most uploads ever in progress at once
 }
 
 // NewFakeAccounting returns an accounting system with no batch booked, logging to
@@ -87,6 +91,23 @@ func NewFakeAccounting(logger *slog.Logger) *FakeAccounting {
 func (a *FakeAccounting) UploadInvoices(ctx context.Context, invoices []Invoice) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", context.Cause(ctx)
+	}
+	a.mu.Lock()
+	a.uploading++
+	a.most = max(a.most, a.uploading)
+	delay := a.delay
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.uploading--
+		a.mu.Unlock()
+	}()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return "", context.Cause(ctx)
+		}
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -114,6 +135,21 @@ func (a *FakeAccounting) Batches() [][]string {
 
 // Hold holds the next n uploads open after they are booked, until Release.
 func (a *FakeAccounting) Hold(n int) *Hold { return a.holds.add(n) }
+
+// SetDelay makes every upload from now on take d before it books its batch, as a slow
+// accounting system does (cmd/shop's -accounting-delay).
+func (a *FakeAccounting) SetDelay(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.delay = d
+}
+
+// MostAtOnce returns the most uploads that were ever in progress at once.
+func (a *FakeAccounting) MostAtOnce() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.most
+}
 
 // FakeWarehouse is a WarehouseClient with the seed products on its shelves. It counts
 // the full stock counts it is asked for and the feed connections it has, and sends

@@ -33,6 +33,7 @@ type world struct {
 	accounting *shop.FakeAccounting
 	warehouse  *shop.FakeWarehouse
 	logs       *logs
+	batchSize  int // Config.InvoiceBatchSize of the instances started from now on
 }
 
 func newWorld(t *testing.T) *world {
@@ -65,7 +66,8 @@ func (w *world) start(t *testing.T, name string, opts ...pglock.ClientOption) *i
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, locks.Close(context.Background())) })
 	s, err := shop.New(shop.Config{Pool: pool, Locks: locks, Accounting: w.accounting, Warehouse: w.warehouse,
-		AdminToken: "s3cret", InvoiceExportCron: neverCron, StockReconciliationCron: neverCron, Logger: logger})
+		AdminToken: "s3cret", InvoiceExportCron: neverCron, StockReconciliationCron: neverCron, Logger: logger,
+		InvoiceBatchSize: w.batchSize})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, s.Shutdown(context.Background())) })
 	return &instance{name: name, pool: pool, locks: locks, shop: s}

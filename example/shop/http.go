@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -19,7 +20,8 @@ const AdminTokenHeader = "X-Admin-Token"
 
 // LockRow is one lock, as GET /admin/locks lists it (from pglock.Client.Locks).
 type LockRow struct {
-	Key      string `json:"key"`
+	Key      string `json:"key"`                // for a permit, its semaphore's
+	Permit   int    `json:"permit,omitempty"`   // a semaphore's permit's number; 0 for a lock
 	Owner    string `json:"owner,omitempty"`    // empty once released
 	Instance string `json:"instance,omitempty"` // the instance part of Owner
 	Token    int64  `json:"token"`
@@ -42,10 +44,12 @@ type LockRow struct {
 //     liveness one: restarting an instance does not bring its database back.
 //   - GET /metrics: pglock's metrics in Prometheus's text format, when Config.Metrics
 //     is set.
-//   - POST /admin/invoice-exports: runs the invoice export now under its lock, waiting up
-//     to ExportWait for a run in progress (scheduled or not, on any instance): 200
-//     {"exported":3,"batchId":"acc_…"}, or {"exported":0} when nothing is left; 409 when
-//     the lock stayed held for the whole wait.
+//   - POST /admin/invoice-exports: runs the invoice export now under a permit of
+//     InvoiceExportsKey, waiting up to ExportWait while InvoiceExportLimit exports run
+//     (scheduled or not, on any instances): 200
+//     {"exported":3,"batchId":"acc_…","batches":1,"permit":1}, or {"exported":0,…} when
+//     nothing is left (or an export in progress took it); 409 when every permit stayed
+//     taken for the whole wait.
 //   - GET /admin/locks: 200, the locks table as a JSON array of LockRow, by key.
 //   - /admin/console/: pglock's web console (package pglockui): the locks, the jobs
 //     and their timelines, force-release and prune. A browser gives the admin token as
@@ -115,18 +119,14 @@ func (s *Shop) admin(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// exportNow runs the export by hand. It takes the scheduled run's lock, so it never
-// runs alongside a scheduled run, on any instance, nor alongside another request.
+// exportNow runs the export by hand, under a permit of the exports as a scheduled run,
+// so that the accounting system never gets more than InvoiceExportLimit uploads at
+// once, from any instances.
 func (s *Shop) exportNow(w http.ResponseWriter, r *http.Request) {
-	var res ExportResult
-	err := s.locks.WithLock(r.Context(), InvoiceExportKey, func(ctx context.Context) error {
-		var err error
-		res, err = s.ExportInvoices(ctx)
-		return err
-	}, pglock.Wait(ExportWait))
+	res, err := s.exportLimited(r.Context(), pglock.Wait(ExportWait))
 	switch {
 	case errors.Is(err, pglock.ErrNotAcquired):
-		writeError(w, http.StatusConflict, "an invoice export is already running; try again when it has finished")
+		writeError(w, http.StatusConflict, fmt.Sprintf("%d invoice exports are already running, as many as the accounting system takes; try again when one has finished", InvoiceExportLimit))
 	case err != nil:
 		s.logger.Error("shop: invoice export by hand failed", slog.String("key", InvoiceExportKey), slog.Any("err", err))
 		writeError(w, http.StatusInternalServerError, "the invoice export failed")
@@ -154,7 +154,7 @@ func (s *Shop) readLocks(ctx context.Context) ([]LockRow, error) {
 	}
 	rows := make([]LockRow, len(locks)) // [] rather than null when empty
 	for i, l := range locks {
-		rows[i] = LockRow{Key: l.Key, Owner: l.Owner, Instance: l.Instance, Token: l.Token, Held: l.Held,
+		rows[i] = LockRow{Key: l.Key, Permit: l.Permit, Owner: l.Owner, Instance: l.Instance, Token: l.Token, Held: l.Held,
 			ExpiresIn: l.ExpiresIn.Round(time.Millisecond).String(), Waiting: l.Waiting}
 	}
 	return rows, nil

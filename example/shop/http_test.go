@@ -56,9 +56,10 @@ func serve(t *testing.T, i *instance) string {
 	return srv.URL
 }
 
-func TestAdminEndpointRunsTheExportByHandNeverTwiceAtOnce(t *testing.T) {
+func TestAdminEndpointRunsAtMostTwoExportsAtOnce(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t)
+	w.batchSize = 1 // one order a batch: two exports at once share the three orders
 	urls := []string{serve(t, w.start(t, "a")), serve(t, w.start(t, "b")), serve(t, w.start(t, "c"))}
 	const path = "/admin/invoice-exports"
 
@@ -69,37 +70,39 @@ func TestAdminEndpointRunsTheExportByHandNeverTwiceAtOnce(t *testing.T) {
 	}
 	require.Empty(t, w.accounting.Batches())
 
-	// An export on b holds the lock, its upload slow.
-	hold := w.accounting.Hold(1)
-	first := make(chan response, 1)
-	go func() { first <- post(t, urls[1]+path, "s3cret") }()
-	wait(t, hold.Arrived(), "the first export's upload")
+	// Exports on b and c hold the two permits, their first uploads slow.
+	hold := w.accounting.Hold(2)
+	answers := make(chan response, 2)
+	for _, u := range urls[1:] {
+		go func() { answers <- post(t, u+path, "s3cret") }()
+	}
+	wait(t, hold.Arrived(), "two uploads at once")
 
-	// A request on a waits two seconds for it, then gives up.
+	// A request on a waits two seconds for a permit, then gives up.
 	r := post(t, urls[0]+path, "s3cret")
 	require.Equal(t, http.StatusConflict, r.status)
-	require.Contains(t, r.body["error"], "already running")
+	require.Contains(t, r.body["error"], "2 invoice exports are already running")
 	require.GreaterOrEqual(t, r.took, shop.ExportWait)
 
-	// A request on c waits for it, takes the lock when it is released, and finds
-	// nothing left to export.
-	second := make(chan response, 1)
-	go func() { second <- post(t, urls[2]+path, "s3cret") }()
-	time.Sleep(300 * time.Millisecond) // the upload takes 300 ms more
 	hold.Release()
-	r1, r2 := <-first, <-second
+	r1, r2 := <-answers, <-answers
 	require.Equal(t, http.StatusOK, r1.status)
-	require.EqualValues(t, 3, r1.body["exported"])
-	require.Regexp(t, `^acc_[0-9a-f]{8}$`, r1.body["batchId"])
 	require.Equal(t, http.StatusOK, r2.status)
-	require.Equal(t, map[string]any{"exported": float64(0)}, r2.body)
-	require.GreaterOrEqual(t, r2.took, 300*time.Millisecond, "it waited for the first")
-	require.Equal(t, [][]string{firstNight}, w.accounting.Batches())
-	require.Equal(t, 1, w.logs.count("shop: exported invoices", "instance=b", "exported=3"))
+	require.EqualValues(t, 3, r1.body["exported"].(float64)+r2.body["exported"].(float64), "the two share the orders")
+	require.ElementsMatch(t, []any{1.0, 2.0}, []any{r1.body["permit"], r2.body["permit"]}, "one permit each")
+	var booked []string
+	for _, b := range w.accounting.Batches() {
+		booked = append(booked, b...)
+	}
+	require.ElementsMatch(t, firstNight, booked, "every invoice booked once")
+	require.Equal(t, 2, w.accounting.MostAtOnce(), "never more uploads at once than the accounting system takes")
 
-	// The scheduled run shares the lock: the next tick finds nothing left either.
+	// The scheduled run takes a permit too: the next tick finds nothing left.
 	require.NoError(t, w.start(t, "d").shop.InvoiceExport().Run(t.Context()))
-	require.Len(t, w.accounting.Batches(), 1)
+	require.Len(t, w.accounting.Batches(), 3)
+	r = post(t, urls[0]+path, "s3cret")
+	require.Equal(t, http.StatusOK, r.status)
+	require.Equal(t, map[string]any{"exported": 0.0, "batches": 0.0, "permit": 1.0}, r.body)
 }
 
 func TestAdminLocksListsTheLocksTable(t *testing.T) {
@@ -122,7 +125,9 @@ func TestAdminLocksListsTheLocksTable(t *testing.T) {
 		require.NoError(t, err)
 		require.Positive(t, l.Token)
 	}
-	require.Equal(t, []string{shop.StockReconciliationKey, shop.StockReconciliationKey + ":owner"}, keys)
+	require.Equal(t, []string{shop.StockReconciliationKey, shop.StockReconciliationKey + ":owner", shop.WarehouseCallsKey}, keys)
+	require.Equal(t, 1, locks[2].Permit, "the warehouse call's permit, released")
+	require.False(t, locks[2].Held)
 	require.Empty(t, locks[0].Owner, "the run lock was released")
 	require.False(t, locks[0].Held)
 	require.Regexp(t, `^a/`, locks[1].Owner, "the lease is a's")

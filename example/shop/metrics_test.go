@@ -63,14 +63,18 @@ func TestMetricsEndpointServesPglockMetricsInPrometheusFormat(t *testing.T) {
 
 	body := scrape(t, base, regexp.MustCompile(`(?m)^pglock_job_runs_total\{.*\} 1$`))
 	for _, want := range []string{
-		// The reconciliation's run: its lease, its run lock; the export's run lock.
-		`(?m)^pglock_acquisitions_total\{[^}]*outcome="acquired"[^}]*\} 3$`,
-		`(?m)^pglock_releases_total\{[^}]*\} 2$`,
+		// The reconciliation's run: its lease, its run lock, and a permit of the
+		// warehouse calls; a permit of the exports.
+		`(?m)^pglock_acquisitions_total\{[^}]*kind="lock"[^}]*outcome="acquired"[^}]*\} 2$`,
+		`(?m)^pglock_acquisitions_total\{[^}]*kind="permit"[^}]*outcome="acquired"[^}]*\} 2$`,
+		`(?m)^pglock_releases_total\{[^}]*kind="lock"[^}]*\} 1$`,
+		`(?m)^pglock_releases_total\{[^}]*kind="permit"[^}]*\} 2$`,
 		`(?m)^pglock_job_runs_total\{[^}]*outcome="ok"[^}]*pglock_job_name="inventory:stock-reconciliation"[^}]*\} 1$`,
 		`(?m)^pglock_job_duration_seconds_count\{[^}]*pglock_job_name="inventory:stock-reconciliation"[^}]*\} 1$`,
-		`(?m)^pglock_acquire_duration_seconds_bucket\{[^}]*le="\+Inf"[^}]*\} 3$`,
-		`(?m)^pglock_acquire_wait_seconds_count\{[^}]*outcome="acquired"[^}]*\} 3$`,
-		`(?m)^pglock_locks_held\{[^}]*\} 1$`, // the reconciliation's lease, kept between ticks
+		`(?m)^pglock_acquire_duration_seconds_bucket\{[^}]*kind="lock"[^}]*le="\+Inf"[^}]*\} 2$`,
+		`(?m)^pglock_acquire_wait_seconds_count\{[^}]*kind="permit"[^}]*outcome="acquired"[^}]*\} 2$`,
+		`(?m)^pglock_locks_held\{[^}]*kind="lock"[^}]*\} 1$`, // the reconciliation's lease, kept between ticks
+		`(?m)^pglock_locks_held\{[^}]*kind="permit"[^}]*\} 0$`,
 		`(?m)^pglock_elections_led\{[^}]*\} 0$`,
 		`(?m)^# TYPE pglock_acquisitions_total counter$`,
 		`(?m)^# TYPE pglock_acquire_duration_seconds histogram$`,

@@ -30,6 +30,24 @@ const (
 	StockReconciliationKey = "inventory:stock-reconciliation"
 	// WarehouseFeedKey is the election of the instance that holds the warehouse feed.
 	WarehouseFeedKey = "inventory:warehouse-feed"
+	// InvoiceExportsKey is the semaphore of the invoice exports in progress: an export,
+	// scheduled or by hand, holds one of its InvoiceExportLimit permits.
+	InvoiceExportsKey = "invoices:exports"
+	// WarehouseCallsKey is the semaphore of the calls to the warehouse's API in
+	// progress, across the fleet: a call holds one of its WarehouseCallLimit permits.
+	WarehouseCallsKey = "inventory:warehouse-calls"
+)
+
+// The limits the external systems set, for the whole shop.
+const (
+	// InvoiceExportLimit is how many uploads the accounting system takes at once:
+	// how many invoice exports run at once, on any instances.
+	InvoiceExportLimit = 2
+	// WarehouseCallLimit is how many calls the warehouse's API takes at once from the
+	// shop: its rate limit is the fleet's, not an instance's.
+	WarehouseCallLimit = 3
+	// DefaultInvoiceBatchSize is how many orders an export uploads in one batch.
+	DefaultInvoiceBatchSize = 500
 )
 
 // The schedules, and how long the admin endpoint waits for a running export.
@@ -41,8 +59,8 @@ const (
 	InvoiceExportTimeZone = "Europe/Warsaw"
 	// DefaultStockReconciliationCron is every five minutes.
 	DefaultStockReconciliationCron = "*/5 * * * *"
-	// ExportWait is how long POST /admin/invoice-exports waits for the export's lock
-	// before it answers 409.
+	// ExportWait is how long POST /admin/invoice-exports waits for a permit of the
+	// exports (InvoiceExportsKey) before it answers 409.
 	ExportWait = 2 * time.Second
 )
 
@@ -70,6 +88,10 @@ type Config struct {
 	// StockReconciliationCron is the reconciliation's schedule, five fields or six with
 	// seconds first, in the local time zone; empty means DefaultStockReconciliationCron.
 	StockReconciliationCron string
+	// InvoiceBatchSize is how many orders an export uploads in one batch; 0 means
+	// DefaultInvoiceBatchSize. An export uploads batch after batch until no order is
+	// left, and two exports at once take different orders.
+	InvoiceBatchSize int
 	// Logger is where the shop logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, is served at GET /metrics, with the gauges of Locks; Locks
@@ -80,10 +102,16 @@ type Config struct {
 // ExportResult is what one invoice export did.
 type ExportResult struct {
 	// Exported is how many invoices it uploaded: 0 when no placed order was left
-	// without an invoice.
+	// without an invoice (or another export in progress had taken them).
 	Exported int `json:"exported"`
-	// BatchID is the accounting system's batch, when Exported > 0.
+	// BatchID is the accounting system's batch, when Exported > 0: the last one, when
+	// the export uploaded several.
 	BatchID string `json:"batchId,omitempty"`
+	// Batches is how many batches it uploaded.
+	Batches int `json:"batches"`
+	// Permit is the permit of InvoiceExportsKey the export held (1 or 2); 0 when it
+	// was called without one.
+	Permit int `json:"permit,omitempty"`
 }
 
 // Shop is one instance of the cat-food shop: its two scheduled jobs, its HTTP API and
@@ -99,6 +127,9 @@ type Shop struct {
 	metrics    *Metrics
 	unobserve  func()       // stops Metrics reading Locks' health
 	console    http.Handler // pglockui, under /admin/console/
+	batchSize  int
+	exports    *pglock.Semaphore // InvoiceExportsKey
+	calls      *pglock.Semaphore // WarehouseCallsKey
 
 	scheduler gocron.Scheduler
 	export    *pglock.Job
@@ -115,10 +146,11 @@ type Shop struct {
 // New returns an instance of the shop: it registers the invoice export (OnOneInstance
 // and WithoutOverlapping on InvoiceExportKey) and the stock reconciliation (the same on
 // StockReconciliationKey) with cfg.Locks and with a gocron scheduler of its own, which
-// Start starts. It returns an error wrapping ErrInvalidConfig, naming the field, for a
-// missing dependency, an empty AdminToken or a cron expression gocron refuses, and
-// pglock's error when cfg.Locks refuses a job (its keys are taken by another Shop on
-// the same client, or it is closed).
+// Start starts, and makes the semaphores of the exports and the warehouse calls. It
+// returns an error wrapping ErrInvalidConfig, naming the field, for a missing
+// dependency, an empty AdminToken, a negative InvoiceBatchSize or a cron expression
+// gocron refuses, and pglock's error when cfg.Locks refuses a job (its keys are taken
+// by another Shop on the same client, or it is closed).
 func New(cfg Config) (*Shop, error) {
 	switch {
 	case cfg.Pool == nil:
@@ -133,8 +165,18 @@ func New(cfg Config) (*Shop, error) {
 		return nil, fmt.Errorf("%w: AdminToken is empty: the admin endpoints would be open to anyone", ErrInvalidConfig)
 	}
 	s := &Shop{pool: cfg.Pool, locks: cfg.Locks, accounting: cfg.Accounting, warehouse: cfg.Warehouse,
-		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken, metrics: cfg.Metrics, unobserve: func() {}}
+		logger: orDefault(cfg.Logger), adminToken: cfg.AdminToken, metrics: cfg.Metrics, unobserve: func() {},
+		batchSize: cmp.Or(cfg.InvoiceBatchSize, DefaultInvoiceBatchSize)}
+	if cfg.InvoiceBatchSize < 0 {
+		return nil, fmt.Errorf("%w: InvoiceBatchSize %d: want 1 or more (0: %d)", ErrInvalidConfig, cfg.InvoiceBatchSize, DefaultInvoiceBatchSize)
+	}
 	var err error
+	if s.exports, err = s.locks.Semaphore(InvoiceExportsKey, InvoiceExportLimit); err != nil {
+		return nil, err
+	}
+	if s.calls, err = s.locks.Semaphore(WarehouseCallsKey, WarehouseCallLimit); err != nil {
+		return nil, err
+	}
 	// Every request to the console passed the admin check (Handler), so its actions
 	// are the admin's.
 	if s.console, err = pglockui.New(cfg.Locks, pglockui.WithLogger(s.logger),
@@ -236,25 +278,66 @@ func (s *Shop) LeadsWarehouseFeed() bool {
 }
 
 func (s *Shop) exportJob(ctx context.Context) error {
-	_, err := s.ExportInvoices(ctx)
+	_, err := s.exportLimited(ctx)
 	return err
 }
 
-// ExportInvoices uploads every placed order that has no invoice yet as one batch and
-// marks the orders with the batch id. It takes every pending order, not "yesterday's",
-// so a night it did not run is caught up the next night. Call it under the export's
-// lock (InvoiceExportKey), as the scheduled job and the admin endpoint do: it does
-// not take the lock itself. ctx bounds the reads, the upload and the write; errors
-// are the database's or the accounting system's, wrapped.
+// exportLimited runs ExportInvoices under a permit of InvoiceExportsKey, waiting for
+// one while InvoiceExportLimit exports run, for as long as ctx (and the options) let
+// it: pglock.ErrNotAcquired when none came free.
+func (s *Shop) exportLimited(ctx context.Context, opts ...pglock.AcquireOption) (ExportResult, error) {
+	var res ExportResult
+	err := s.exports.WithPermit(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = s.ExportInvoices(ctx)
+		if l, ok := pglock.FromContext(ctx); ok {
+			res.Permit = l.Permit()
+		}
+		return err
+	}, opts...)
+	return res, err
+}
+
+// ExportInvoices uploads every placed order that has no invoice yet, in batches of
+// Config.InvoiceBatchSize, and marks each batch's orders with its batch id. It takes
+// every pending order, not "yesterday's", so a night it did not run is caught up the
+// next night. A batch's orders stay row-locked (FOR UPDATE SKIP LOCKED) from their
+// read to their mark, in one transaction: two exports at once take different orders,
+// and a batch whose upload or mark fails is left for the next export. Call it under a
+// permit of InvoiceExportsKey, as the scheduled job and the admin endpoint do, so that
+// the accounting system never gets more than InvoiceExportLimit uploads at once: it
+// does not take one itself. ctx bounds the reads, the uploads and the writes; errors
+// are the database's or the accounting system's, wrapped, with what was exported
+// before.
 func (s *Shop) ExportInvoices(ctx context.Context) (ExportResult, error) {
-	rows, _ := s.pool.Query(ctx, `SELECT id, user_id, total, placed_at FROM orders
-		WHERE status = 'placed' AND invoiced_at IS NULL ORDER BY placed_at`)
+	var res ExportResult
+	for {
+		n, batch, err := s.exportBatch(ctx)
+		if err != nil || n == 0 {
+			return res, err
+		}
+		res.Exported += n
+		res.BatchID = batch
+		res.Batches++
+	}
+}
+
+// exportBatch uploads and marks one batch of pending orders that no other export has
+// taken; 0 when none is left.
+func (s *Shop) exportBatch(ctx context.Context) (int, string, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, "", fmt.Errorf("shop: export: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, _ := tx.Query(ctx, `SELECT id, user_id, total, placed_at FROM orders
+		WHERE status = 'placed' AND invoiced_at IS NULL ORDER BY placed_at LIMIT $1 FOR UPDATE SKIP LOCKED`, s.batchSize)
 	pending, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Invoice])
 	if err != nil {
-		return ExportResult{}, fmt.Errorf("shop: pending orders: %w", err)
+		return 0, "", fmt.Errorf("shop: pending orders: %w", err)
 	}
 	if len(pending) == 0 {
-		return ExportResult{}, nil
+		return 0, "", tx.Commit(ctx)
 	}
 	ids := make([]string, len(pending))
 	for i, inv := range pending {
@@ -262,13 +345,16 @@ func (s *Shop) ExportInvoices(ctx context.Context) (ExportResult, error) {
 	}
 	batch, err := s.accounting.UploadInvoices(ctx, pending)
 	if err != nil {
-		return ExportResult{}, fmt.Errorf("shop: upload invoices: %w", err)
+		return 0, "", fmt.Errorf("shop: upload invoices: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx, "UPDATE orders SET invoiced_at = now(), invoice_batch = $1 WHERE id = ANY($2)", batch, ids); err != nil {
-		return ExportResult{}, fmt.Errorf("shop: mark orders invoiced in batch %s: %w", batch, err)
+	if _, err := tx.Exec(ctx, "UPDATE orders SET invoiced_at = now(), invoice_batch = $1 WHERE id = ANY($2)", batch, ids); err != nil {
+		return 0, "", fmt.Errorf("shop: mark orders invoiced in batch %s: %w", batch, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, "", fmt.Errorf("shop: mark orders invoiced in batch %s: %w", batch, err)
 	}
 	s.logger.Info("shop: exported invoices", slog.Int("exported", len(pending)), slog.String("batch", batch))
-	return ExportResult{Exported: len(pending), BatchID: batch}, nil
+	return len(pending), batch, nil
 }
 
 // ReconcileStock asks the warehouse for a full count and writes it to the products
@@ -283,7 +369,18 @@ func (s *Shop) ReconcileStock(ctx context.Context) error {
 	if !ok {
 		return errors.New("shop: ReconcileStock needs a lock in ctx: run it as the scheduled job")
 	}
+	// The warehouse's rate limit is the fleet's: a call holds a permit of
+	// WarehouseCallsKey. The call writes nothing; the products are written below,
+	// fenced by the run lock's token (a permit's token grows per permit, not per
+	// product, so it cannot fence rows that every permit writes). A permit lost during
+	// the call (a pause) is not an error: the count is still the warehouse's answer,
+	// and the fence decides whether it may be written.
+	permit, err := s.calls.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("shop: stock counts: %w", err)
+	}
 	counts, err := s.warehouse.StockCounts(ctx)
+	_ = permit.Release(ctx)
 	if err != nil {
 		return fmt.Errorf("shop: stock counts: %w", err)
 	}

@@ -34,6 +34,7 @@ func TestNewRefusesABadConfigAndRegistersNothing(t *testing.T) {
 		{"empty admin token", func(c *shop.Config) { c.AdminToken = "" }, "AdminToken"},
 		{"bad export cron", func(c *shop.Config) { c.InvoiceExportCron = "at two" }, "InvoiceExportCron"},
 		{"bad reconciliation cron", func(c *shop.Config) { c.StockReconciliationCron = "61 * * * *" }, "StockReconciliationCron"},
+		{"negative batch size", func(c *shop.Config) { c.InvoiceBatchSize = -1 }, "InvoiceBatchSize -1"},
 		{"seven fields", func(c *shop.Config) { c.StockReconciliationCron = "0 0 */5 * * * *" }, "StockReconciliationCron"},
 	}
 	for _, c := range cases {

@@ -155,6 +155,10 @@ func (d *demo) start(ctx context.Context, n int) (*instance, error) {
 		fmt.Sprintf("STOCK_RECONCILIATION_CRON=*/%d * * * * *", int(d.o.every/time.Second)),
 		"LOCK_TTL=" + d.o.ttl.String(),
 		"LOG_LEVEL=debug",
+		// Two orders a batch, each upload 2.5 s: two exports at once share the three
+		// orders, and both run longer than the third waits for a permit (ExportWait).
+		"INVOICE_BATCH_SIZE=2",
+		"ACCOUNTING_DELAY=2500ms",
 	}
 	i, err := start(d.bin, port, env, d.out)
 	if err != nil {
@@ -304,13 +308,14 @@ func (d *demo) keepRunning(ctx context.Context) error {
 Try the tutorial's steps:
   %[1]s localhost:%[2]d/admin/locks
   %[1]s -X POST localhost:%[3]d/admin/invoice-exports &
-  %[1]s -X POST localhost:%[4]d/admin/invoice-exports    # 3 and 0
+  %[1]s -X POST localhost:%[4]d/admin/invoice-exports &
+  %[1]s -X POST localhost:%[10]d/admin/invoice-exports  # 2 run, 1: 409
   kill -9 %[5]d    # port %[6]d: what it holds moves after up to %[7]v, the ttl
   kill <pid>      # SIGTERM the new owner (/admin/locks): it hands both over at once
   psql '%[8]s' \
     -c 'SELECT key, owner, fencing_token, expires_at - now() AS expires_in FROM pglock.locks'
 Ctrl+C stops them.
-`, curl, p+1, p+1, p+2, owner.cmd.Process.Pid, owner.port, d.o.ttl, d.psqlConninfo(), adminToken))
+`, curl, p+1, p+1, p+2, owner.cmd.Process.Pid, owner.port, d.o.ttl, d.psqlConninfo(), adminToken, p))
 	<-ctx.Done()
 	d.out.say("Stopping the instances...")
 	return nil

@@ -4,8 +4,9 @@
 //
 //  1. The first instance leads the warehouse feed and owns the stock reconciliation
 //     (every 10 s here); the other two skip every tick.
-//  2. The locks table; the admin endpoint's 403 without the token; two exports at once
-//     on two instances export 3 invoices and 0.
+//  2. The locks table; the admin endpoint's 403 without the token; three exports at once
+//     on three instances: two run and share the invoices (the accounting system takes
+//     two uploads at once: a semaphore of 2 permits), the third answers 409.
 //  3. kill -9 the owner: nothing moves while its leases live (up to ttl), then the feed
 //     and the job move to another instance.
 //  4. SIGTERM the new owner: it hands both over at once. Then stop the last one.

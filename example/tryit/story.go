@@ -82,14 +82,16 @@ func (d *demo) story(ctx context.Context) error {
 		return err
 	}
 
-	d.out.say("\n== 4. Run the export by hand: without the admin token, then twice at once on ports %d and %d", second.port, third.port)
+	d.out.say("\n== 4. Run the export by hand: without the admin token, then three times at once on ports %d, %d and %d:\n"+
+		"   the accounting system takes %d uploads at once, so %d exports run and the third waits %v for a permit",
+		first.port, second.port, third.port, shop.InvoiceExportLimit, shop.InvoiceExportLimit, shop.ExportWait)
 	status, body, err := second.request(ctx, http.MethodPost, "/admin/invoice-exports", "")
 	if err != nil {
 		return err
 	}
 	d.out.say("   no token: %d %s", status, body)
 	d.record("403 without the admin token", "403", fmt.Sprint(status), status == http.StatusForbidden)
-	if err := d.twoExports(ctx, second, third); err != nil {
+	if err := d.threeExports(ctx, first, second, third); err != nil {
 		return err
 	}
 
@@ -201,10 +203,14 @@ func (d *demo) locksTable(ctx context.Context, i *instance, owner int) error {
 		d.record("the locks table", "200 and the table", fmt.Sprintf("%d %s", status, body), false)
 		return nil
 	}
-	cells := [][]string{{"KEY", "OWNER", "TOKEN", "EXPIRES"}}
+	cells := [][]string{{"KEY", "PERMIT", "OWNER", "TOKEN", "EXPIRES"}}
 	held := map[string]int{}
 	for _, r := range rows {
-		cells = append(cells, []string{r.Key, r.Owner, fmt.Sprint(r.Token), expires(r)})
+		permit := "-"
+		if r.Permit > 0 {
+			permit = fmt.Sprint(r.Permit)
+		}
+		cells = append(cells, []string{r.Key, permit, r.Owner, fmt.Sprint(r.Token), expires(r)})
 		if r.Held {
 			held[r.Key] = ownerPort(r.Owner)
 		}
@@ -233,36 +239,44 @@ func expires(r shop.LockRow) string {
 	return ended + " " + (-d).Round(time.Second).String() + " ago"
 }
 
-// twoExports sends POST /admin/invoice-exports to a and b at once.
-func (d *demo) twoExports(ctx context.Context, a, b *instance) error {
+// threeExports sends POST /admin/invoice-exports to each instance at once: two take
+// the exports' permits and share the three orders, the third finds both taken for
+// the whole of its wait and answers 409.
+func (d *demo) threeExports(ctx context.Context, instances ...*instance) error {
 	type answer struct {
+		port   int
 		status int
 		body   string
 		err    error
 	}
-	answers := make(chan answer, 2)
-	for _, i := range []*instance{a, b} {
+	answers := make(chan answer, len(instances))
+	for _, i := range instances {
 		go func() {
 			status, body, err := i.request(ctx, http.MethodPost, "/admin/invoice-exports", adminToken)
-			answers <- answer{status, body, err}
+			answers <- answer{i.port, status, body, err}
 		}()
 	}
-	var exported []int
-	for range 2 {
+	var ran, exported []int
+	refused := 0
+	for range instances {
 		r := <-answers
 		if r.err != nil {
 			return r.err
 		}
-		d.out.say("   %d %s", r.status, r.body)
+		d.out.say("   port %d: %d %s", r.port, r.status, r.body)
 		var res shop.ExportResult
-		if r.status != http.StatusOK || json.Unmarshal([]byte(r.body), &res) != nil {
-			exported = append(exported, -1)
-			continue
+		switch {
+		case r.status == http.StatusConflict:
+			refused++
+		case r.status == http.StatusOK && json.Unmarshal([]byte(r.body), &res) == nil:
+			ran = append(ran, res.Permit)
+			exported = append(exported, res.Exported)
 		}
-		exported = append(exported, res.Exported)
 	}
+	slices.Sort(ran)
 	slices.Sort(exported)
-	seen := fmt.Sprintf("%d and %d", exported[1], exported[0])
-	d.record("two exports at once", "3 and 0", seen, seen == "3 and 0")
+	seen := fmt.Sprintf("%d ran (permits %v, invoices %v), %d refused", len(ran), ran, exported, refused)
+	d.record("three exports at once", "2 ran (permits [1 2], invoices [1 2]), 1 refused", seen,
+		seen == "2 ran (permits [1 2], invoices [1 2]), 1 refused")
 	return nil
 }

@@ -62,7 +62,8 @@ func freePorts(t *testing.T) int {
 
 // The whole "Try it" story, with a short ttl: three shop processes built from
 // cmd/shop, on the test's database; then -keep's instances, ready for the tutorial's
-// steps by hand: one runs the feed and the job, and two exports give 3 and 0.
+// steps by hand: one runs the feed and the job, and two exports one after the other give
+// 3 and 0.
 func TestTryItWalksTheStory(t *testing.T) {
 	t.Parallel()
 	var (

@@ -52,7 +52,7 @@
   // in the swapped-in copy.
   function focusKey(el) {
     if (!el || !document.getElementById("live").contains(el)) return null;
-    return [el.tagName, el.className, el.dataset.key || "", el.getAttribute("value") || "", el.getAttribute("href") || ""].join("\u0000");
+    return [el.tagName, el.className, el.dataset.key || "", el.dataset.permit || "", el.getAttribute("value") || "", el.getAttribute("href") || ""].join("\u0000");
   }
 
   function refocus(key) {
@@ -143,6 +143,7 @@
     const form = document.getElementById("confirm-form");
     const text = document.getElementById("confirm-text");
     const key = document.getElementById("confirm-key");
+    const permit = document.getElementById("confirm-permit");
     const olderThan = document.getElementById("confirm-older-than");
     const base = new URL(document.querySelector("nav a.brand").href);
 
@@ -150,10 +151,13 @@
       const b = e.target.closest("button.force-release");
       if (!b) return;
       e.preventDefault();
-      text.textContent = "Force-release " + b.dataset.key + "? Its holder on " + (b.dataset.instance || "?") +
+      const what = b.dataset.permit ? "permit " + b.dataset.permit + " of " + b.dataset.key : b.dataset.key;
+      text.textContent = "Force-release " + what + "? Its holder on " + (b.dataset.instance || "?") +
         " (token " + b.dataset.token + ") loses it at its next renewal, and its work is cancelled.";
       key.value = b.dataset.key;
       key.disabled = false;
+      permit.value = b.dataset.permit || "";
+      permit.disabled = !b.dataset.permit;
       olderThan.disabled = true;
       form.action = new URL("locks/release", base).href;
       dialog.showModal();
@@ -167,6 +171,7 @@
         olderThan.value = v;
         olderThan.disabled = false;
         key.disabled = true;
+        permit.disabled = true;
         form.action = new URL("prune", base).href;
         dialog.showModal();
       });

@@ -14,6 +14,8 @@
 //	-invoice-export-cron        INVOICE_EXPORT_CRON        "0 2 * * *", Europe/Warsaw
 //	-stock-reconciliation-cron  STOCK_RECONCILIATION_CRON  "*/5 * * * *"; six fields for seconds: "*/10 * * * * *"
 //	-ttl                        LOCK_TTL                   the locks' ttl (30s)
+//	-invoice-batch-size         INVOICE_BATCH_SIZE         orders per uploaded batch (500)
+//	-accounting-delay           ACCOUNTING_DELAY           how long the fake accounting takes per upload (0s)
 //	-log-level                  LOG_LEVEL                  debug shows the skipped ticks (info)
 //
 // Without a database URL it finds a server as internal/devdb does: the one the libpq
@@ -68,6 +70,8 @@ type config struct {
 	invoiceExportCron       string
 	stockReconciliationCron string
 	ttl                     time.Duration
+	invoiceBatchSize        int
+	accountingDelay         time.Duration
 	logLevel                slog.Level
 }
 
@@ -96,6 +100,14 @@ func parse(args []string) (config, error) {
 	if err != nil {
 		return c, fmt.Errorf("LOCK_TTL: %w", err)
 	}
+	batchSize, err := strconv.Atoi(env("INVOICE_BATCH_SIZE", "0"))
+	if err != nil {
+		return c, fmt.Errorf("INVOICE_BATCH_SIZE: %w", err)
+	}
+	delay, err := time.ParseDuration(env("ACCOUNTING_DELAY", "0s"))
+	if err != nil {
+		return c, fmt.Errorf("ACCOUNTING_DELAY: %w", err)
+	}
 	if err := c.logLevel.UnmarshalText([]byte(env("LOG_LEVEL", "info"))); err != nil {
 		return c, fmt.Errorf("LOG_LEVEL: %w", err)
 	}
@@ -105,6 +117,8 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.invoiceExportCron, "invoice-export-cron", os.Getenv("INVOICE_EXPORT_CRON"), "the invoice export's schedule (env INVOICE_EXPORT_CRON)")
 	fs.StringVar(&c.stockReconciliationCron, "stock-reconciliation-cron", os.Getenv("STOCK_RECONCILIATION_CRON"), "the stock reconciliation's schedule (env STOCK_RECONCILIATION_CRON)")
 	fs.DurationVar(&c.ttl, "ttl", ttl, "the locks' ttl (env LOCK_TTL)")
+	fs.IntVar(&c.invoiceBatchSize, "invoice-batch-size", batchSize, "orders per uploaded batch; 0: 500 (env INVOICE_BATCH_SIZE)")
+	fs.DurationVar(&c.accountingDelay, "accounting-delay", delay, "how long the fake accounting system takes per upload (env ACCOUNTING_DELAY)")
 	fs.TextVar(&c.logLevel, "log-level", c.logLevel, "debug, info, warn or error (env LOG_LEVEL)")
 	fs.SetOutput(io.Discard) // a bad flag is one line, from main
 	if err := fs.Parse(args); err != nil {
@@ -191,14 +205,17 @@ func run(args []string) (err error) {
 		return err
 	}
 	closers = append(closers, closer{"pglock client", locks.Close})
+	accounting := shop.NewFakeAccounting(logger)
+	accounting.SetDelay(cfg.accountingDelay)
 	s, err := shop.New(shop.Config{
 		Pool:                    pool,
 		Locks:                   locks,
-		Accounting:              shop.NewFakeAccounting(logger),
+		Accounting:              accounting,
 		Warehouse:               shop.NewFakeWarehouse(logger),
 		AdminToken:              cfg.adminToken,
 		InvoiceExportCron:       cfg.invoiceExportCron,
 		StockReconciliationCron: cfg.stockReconciliationCron,
+		InvoiceBatchSize:        cfg.invoiceBatchSize,
 		Logger:                  logger,
 		Metrics:                 metrics,
 	})
