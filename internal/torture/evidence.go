@@ -68,21 +68,46 @@ func (c *checker) indexEvidence() {
 // the controller did not run (their stall watches' timers ran late), or the server kept
 // the worker's statements calling fn waiting for the WAL to be written and flushed (the
 // disk: a commit waits for its flush); and it says which, for a detail.
-func (c *checker) machineDown(worker, fn string, from, to time.Time) (time.Duration, string) {
+func (c *checker) machineDown(worker, fn string, from, to time.Time, connecting ...span) (time.Duration, string) {
 	walSpans := c.walWaits(worker, fn)
 	w, ctl, wal := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to), overlap(walSpans, from, to)
-	// A call needs all three (the worker, its link, the server's flush) to move on:
-	// the time any of them was down held it up.
+	// A call needs all of them (the worker, its link, the server's flush, and a
+	// connection when its pool has none to spare) to move on: the time any of them was
+	// down held it up.
 	var all []span
-	for _, ss := range [][]span{c.stalled[worker], c.stalled[""], walSpans} {
+	for _, ss := range [][]span{c.stalled[worker], c.stalled[""], walSpans, connecting} {
 		for _, s := range ss {
 			if s.to.After(from) && s.from.Before(to) {
 				all = append(all, s)
 			}
 		}
 	}
-	return overlap(union(all), from, to), fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
+	why := fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
 		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), fn, wal.Round(time.Millisecond))
+	if len(connecting) > 0 {
+		why += fmt.Sprintf("; the server took over %v to open a connection for %v of it", slowConnect, overlap(union(connecting), from, to).Round(time.Millisecond))
+	}
+	return overlap(union(all), from, to), why
+}
+
+// slowConnect is how long a new connection may take to open (TCP, start-up,
+// authentication, a backend forked) before the server counts as down meanwhile: on this
+// machine it takes a few milliseconds; seconds is a server starved of CPU.
+const slowConnect = 250 * time.Millisecond
+
+// slowConnects returns the spans in which worker's pool waited over slowConnect for a
+// new connection while no fault of its own link or process slowed it (partition, delay,
+// slow, restart and failover are pglock's to ride out): a call that found every
+// connection busy waited for the server then.
+func (c *checker) slowConnects(worker string) []span {
+	var out []span
+	for _, r := range c.calls[worker] {
+		if r.Reason == callConnect && r.Local.Sub(r.Start) > slowConnect &&
+			!c.faulted(worker, r.Start, r.Local, faultPartition, faultDelay, faultSlow, faultRestart, faultFailover) {
+			out = append(out, span{r.Start.Add(slowConnect), r.Local})
+		}
+	}
+	return union(out)
 }
 
 // walWaits returns, for each statement of worker calling fn that the controller saw
@@ -268,7 +293,7 @@ func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 	if isPermit(l.key) {
 		acquire = "sem_acquire"
 	}
-	down, who := c.machineDown(l.worker, acquire, l.start, l.expires)
+	down, who := c.machineDown(l.worker, acquire, l.start, l.expires, c.slowConnects(l.worker)...)
 	why = "granted at " + stamp(l.start) + ", expired at " + stamp(l.expires) + "; " + who
 	if len(calls) == 0 {
 		why += "; no hand-back was sent"

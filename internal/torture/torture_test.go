@@ -726,6 +726,24 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	r = check(h)
 	require.Equal(t, 1, r.Violations[invGhost], "a hand-back that waited for a connection: %v", r.Details)
 	require.Contains(t, r.Details[invGhost][0], "waited 1.09s for a connection")
+
+	// The same wait, while the server took a second to open the connection the pool
+	// asked for: the machine's doing; unless the worker's link was faulted then.
+	slowConnect := func() *History {
+		h := ghost()
+		h.Faults = slices.DeleteFunc(h.Faults, func(f Fault) bool { return f.Target == "w2.1" }) // paths' delay
+		h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "lock_release_async", Key: "probe/w2.1", Owner: "w2.1/p",
+			Pool: at(8010), Start: at(9100), Local: at(9150)},
+			Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: callConnect, Start: at(8010), Local: at(9090)})
+		return h
+	}
+	r = check(slowConnect())
+	require.False(t, r.Failed(), "the server took 1.08s to open a connection: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsStarved)
+	h = slowConnect()
+	h.Faults = append(h.Faults, Fault{Kind: faultDelay, Target: "w2.1", Start: at(7900), End: at(8500)})
+	r = check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "a connection slowed by the link's own fault: %v", r.Details)
 }
 
 // A permit granted to an acquisition abandoned in flight is a ghost like a lock's: its
