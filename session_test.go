@@ -79,6 +79,7 @@ func TestSessionSettingsKeepTheStoreContract(t *testing.T) {
 			testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
 				// The store retries what 40001 rolled back: the races run too.
 				Concurrent: !slices.Contains(s.raceFails, "55P03"),
+				Serial:     slices.Contains(s.raceFails, "55P03"),
 				RewindTokens: func(t testing.TB) {
 					_, err := admin.Exec(t.Context(), "ALTER SEQUENCE pglock.fencing_token_seq RESTART")
 					require.NoError(t, err)
