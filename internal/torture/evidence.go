@@ -252,7 +252,7 @@ func (c *checker) lossVerdict(worker string, l *lease, lostAt time.Time) (excuse
 			calls = append(calls, describeCall(r))
 		}
 	}
-	down, who := c.machineDown(worker, "lock_renew", due, deadline)
+	down, who := c.machineDown(worker, "lock_renew", due, deadline, c.slowConnects(worker)...)
 	why = fmt.Sprintf("its last confirmed renewal was sent at %s: the next was due at %s, the deadline %s; %s", stamp(last), stamp(due), stamp(deadline), who)
 	if len(calls) == 0 {
 		why += "; no renewal of it was sent"
