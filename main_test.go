@@ -103,9 +103,10 @@ const defaultParallel = 8
 
 // connsPerTest is the share of the server's max_connections each test running at once
 // may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
-// packages (go test ./...) may share the server. At 100, PostgreSQL's default, 4 tests
-// run at once.
-const connsPerTest = 25
+// packages (go test ./...: the torture workers, the console's browser tests) share the
+// server. At 100, PostgreSQL's default, 2 tests run at once (4 ran out of connections
+// beside the other packages); at 200, as .ci/run sets, 4.
+const connsPerTest = 50
 
 // parallelByDefault sets -test.parallel, unless the command line set it, to
 // defaultParallel, or fewer when the server's max_connections would not take them,
