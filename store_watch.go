@@ -122,8 +122,12 @@ func (k *calls) record(f *flight, e error) (back bool) {
 	case errors.Is(e, ErrInvalidKey) || errors.Is(e, ErrInvalidArgument):
 		return false // bad input, refused before the database was asked
 	case f.ctx.Err() != nil:
-		if now.Sub(f.start) < f.patience || k.answered.After(f.start) {
-			return false // the caller gave up; or the store answered other calls meanwhile
+		if now.Sub(f.start) < f.patience || k.answered.After(f.start.Add(f.patience)) {
+			// The caller gave up; or the store answered other calls after this one had
+			// waited its patience. An answer before that (a call answered just as an
+			// outage began) says nothing of the outage: counting it hid a black-holed
+			// link from Health once the lease it took was lost.
+			return false
 		}
 		k.failure = &callFailure{call: f.call, at: now, err: fmt.Errorf("no answer for %v: %w", now.Sub(f.start).Round(time.Millisecond), e)}
 	default:
@@ -221,7 +225,7 @@ func (k *calls) state() callState {
 	}
 	if e := k.inFlight.Front(); e != nil {
 		f := e.Value.(*flight)
-		if waited := k.clock.Now().Sub(f.start); waited >= f.patience && !k.answered.After(f.start) {
+		if waited := k.clock.Now().Sub(f.start); waited >= f.patience && !k.answered.After(f.start.Add(f.patience)) {
 			s.call, s.at = f.call, f.start
 			s.err = fmt.Errorf("pglock: store call %s has had no answer for %v", f.call, waited.Round(time.Millisecond))
 		}
