@@ -13,7 +13,9 @@ import (
 
 type kitClock struct{ *testkit.Clock }
 
-func (c kitClock) AfterFunc(d time.Duration, f func()) Timer { return kitTimer(c.Clock.AfterFunc(d, f)) }
+func (c kitClock) AfterFunc(d time.Duration, f func()) Timer {
+	return kitTimer(c.Clock.AfterFunc(d, f))
+}
 
 type kitTimer func() bool
 
