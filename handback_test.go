@@ -142,3 +142,68 @@ func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
 		5*time.Second, 10*time.Millisecond, "hand-backs still running after Close")
 	require.Equal(t, closed, store.calls.Load(), "a release call after Close returned")
 }
+
+// What acquisitions abandoned in flight were granted is handed back before it expires,
+// however many there are, over a slow link: one release call for all that are due,
+// not one after another (the torture test's ghosts: five hand-backs in a row, each
+// 150 to 300 ms over a link slowed to 73 ms each way, and the last key was left to
+// expire). 10 locks and a semaphore's permit, granted to acquisitions whose ctx ended
+// while their statements were on the wire, a ttl of 1 s and a link of 100 ms each way:
+// every one is released, on the database clock, well before its expiry.
+func TestHandBacksBeatTheirTTLOverASlowLink(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	url := pglocktest.PostgresURL(t)
+	pool, proxy := proxiedPool(t, url, n+1)
+	ttl := time.Second
+	c := newPoolClient(t, pool, pglock.TTL(ttl))
+	sem, err := c.Semaphore("hb-sem", 2)
+	require.NoError(t, err)
+
+	proxy.SetDelay(tcpproxy.ToServer, 100*time.Millisecond)
+	proxy.SetDelay(tcpproxy.ToClient, 100*time.Millisecond)
+	keys := []string{"hb-sem\x1f1"}
+	var wg sync.WaitGroup
+	try := func(acquire func(context.Context) (*pglock.Lock, error)) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			if _, err := acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("an acquisition returned %v, want a ctx deadline", err)
+			}
+		})
+	}
+	for i := range n {
+		keys = append(keys, "hb-"+strconv.Itoa(i))
+		try(func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, keys[i+1]) })
+	}
+	try(func(ctx context.Context) (*pglock.Lock, error) { return sem.TryAcquire(ctx) })
+	wg.Wait()
+
+	direct := openSQL(t, "pgx", url)
+	type lease struct {
+		key  string
+		held time.Duration // from its grant to its release or expiry
+	}
+	var leases []lease
+	require.Eventually(t, func() bool {
+		leases = leases[:0]
+		rows, err := direct.QueryContext(t.Context(), `
+			SELECT key, extract(epoch FROM expires_at - acquired_at) * 1e6
+			FROM pglock.locks WHERE key = ANY($1) AND expires_at < clock_timestamp() ORDER BY key`, keys)
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var l lease
+			var us float64
+			require.NoError(t, rows.Scan(&l.key, &us))
+			l.held = time.Duration(us) * time.Microsecond
+			leases = append(leases, l)
+		}
+		require.NoError(t, rows.Err())
+		return len(leases) == len(keys)
+	}, 5*time.Second, 20*time.Millisecond, "every acquisition granted, and its lease over")
+	for _, l := range leases {
+		require.Less(t, l.held, ttl-300*time.Millisecond, "%q held %v of its %v ttl: not handed back in time", l.key, l.held, ttl)
+	}
+}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -369,7 +369,9 @@ const maxHandBackPause = 2 * time.Second
 
 // handBacks releases, in the background, what failed acquisitions may have been granted
 // (see undoAcquire). They are bounded for the whole Client: one goroutine, running while
-// any is pending, makes one release call at a time; each (key, owner) is pending once,
+// any is pending, makes one release call at a time, which hands back every one that is
+// due (up to maxReleaseMany: over a slow link, one call per hand-back in a row made
+// the last ones later than their ttl); each (key, owner) is pending once,
 // at most maxHandBacks of them, each released up to 1+len(handBackRetries) times while
 // nothing is found; a failed call pauses them all (doubling up to maxHandBackPause),
 // so that an unreachable store sees about one connection attempt per pause. Close gives
@@ -419,7 +421,7 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 		h.mu.Unlock()
 		ctx, cancel := detached(context.Background())
 		defer cancel()
-		_, _ = h.release(ctx, key, owner)
+		_, _ = h.release(ctx, []handBackID{id})
 		return
 	case h.pending[id] != nil:
 		h.mu.Unlock()
@@ -439,17 +441,30 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 	h.poke()
 }
 
-// release hands key back for owner: a lock's key or a permit's row key, or a
-// semaphore's key followed by U+001F for the permit of unknown number that owner may
-// hold (see target.undoKey).
-func (h *handBacks) release(ctx context.Context, key, owner string) (bool, error) {
-	if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
-		if b, ok := h.store.(backend); ok {
-			return b.semRelease(ctx, sem, owner)
+// release hands ids back in one call (a backend's releaseMany; a Store that embeds
+// another has no semaphores, and releases one key after another) and returns those it
+// released.
+func (h *handBacks) release(ctx context.Context, ids []handBackID) (map[handBackID]bool, error) {
+	released := make(map[handBackID]bool, len(ids))
+	if b, ok := h.store.(backend); ok {
+		keys, owners := make([]string, len(ids)), make([]string, len(ids))
+		for i, id := range ids {
+			keys[i], owners[i] = id.key, id.owner
 		}
-		return false, nil
+		is, err := b.releaseMany(ctx, keys, owners)
+		for _, i := range is {
+			released[ids[i]] = true
+		}
+		return released, err
 	}
-	return h.store.Release(ctx, key, owner)
+	for _, id := range ids {
+		ok, err := h.store.Release(ctx, id.key, id.owner)
+		if err != nil {
+			return released, err
+		}
+		released[id] = ok
+	}
+	return released, nil
 }
 
 func (h *handBacks) poke() {
@@ -459,8 +474,8 @@ func (h *handBacks) poke() {
 	}
 }
 
-// run is the worker: it releases what is due, one call at a time, until nothing is
-// pending, then closes idle.
+// run is the worker: it releases what is due, in one call, until nothing is pending,
+// then closes idle.
 func (h *handBacks) run(idle chan struct{}) {
 	var pause time.Duration // after a failed call; zero after a good one
 	var notBefore time.Time // no call before, after a failed one
@@ -473,16 +488,15 @@ func (h *handBacks) run(idle chan struct{}) {
 			h.mu.Unlock()
 			return
 		}
-		id, hb := h.first()
-		due, closing := hb.next, h.closing
+		closing := h.closing
+		due := h.firstDue()
 		if closing {
 			due = time.Time{} // one last release each, at once
 		} else if notBefore.After(due) {
 			due = notBefore
 		}
-		h.mu.Unlock()
-
 		if wait := time.Until(due); wait > 0 {
+			h.mu.Unlock()
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
@@ -492,8 +506,11 @@ func (h *handBacks) run(idle chan struct{}) {
 			t.Stop()
 			continue
 		}
+		ids := h.due(closing)
+		h.mu.Unlock()
+
 		ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
-		ok, err := h.release(ctx, id.key, id.owner)
+		released, err := h.release(ctx, ids)
 		cancel()
 		now := time.Now()
 		if err != nil {
@@ -504,33 +521,51 @@ func (h *handBacks) run(idle chan struct{}) {
 		}
 
 		h.mu.Lock()
-		hb.tries++
-		switch {
-		case closing && err != nil:
+		if closing && err != nil {
 			h.logger.Debug("pglock: store unreachable at Close; failed acquisitions left to expire",
 				slog.Int("locks", len(h.pending)), slog.Any("err", err))
 			clear(h.pending)
-		case ok || closing || hb.tries > len(handBackRetries):
-			delete(h.pending, id)
-		default:
-			hb.next = now.Add(handBackRetries[hb.tries-1])
+		}
+		for _, id := range ids {
+			hb := h.pending[id]
+			if hb == nil {
+				continue
+			}
+			hb.tries++
+			if released[id] || closing || hb.tries > len(handBackRetries) {
+				delete(h.pending, id)
+			} else {
+				hb.next = now.Add(handBackRetries[hb.tries-1])
+			}
 		}
 		h.mu.Unlock()
 	}
 }
 
-// first returns the pending hand-back due first. Called with mu held, pending not empty.
-func (h *handBacks) first() (handBackID, *handBack) {
-	var (
-		id    handBackID
-		first *handBack
-	)
-	for k, hb := range h.pending {
-		if first == nil || hb.next.Before(first.next) {
-			id, first = k, hb
+// firstDue returns when the pending hand-back due first is due. Called with mu held,
+// pending not empty.
+func (h *handBacks) firstDue() time.Time {
+	var first time.Time
+	for _, hb := range h.pending {
+		if first.IsZero() || hb.next.Before(first) {
+			first = hb.next
 		}
 	}
-	return id, first
+	return first
+}
+
+// due returns the pending hand-backs that are due (all of them when closing), at most
+// maxReleaseMany, those due first first. Called with mu held.
+func (h *handBacks) due(closing bool) []handBackID {
+	now := time.Now()
+	var ids []handBackID
+	for id, hb := range h.pending {
+		if closing || !hb.next.After(now) {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(a, b handBackID) int { return h.pending[a].next.Compare(h.pending[b].next) })
+	return ids[:min(len(ids), maxReleaseMany)]
 }
 
 // await counts an abandoned acquisition that Close must wait for, unless Close is

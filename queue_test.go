@@ -171,7 +171,9 @@ func TestFairWaiterThatGivesUpLeavesTheQueue(t *testing.T) {
 	gaveUpCtx, giveUp := context.WithCancelCause(ctx)
 	gaveUp := fairAcquire(gaveUpCtx, b, key)
 	awaitQueued(t, pool, key, 1)
-	waited := fairAcquire(ctx, b, key, pglock.Wait(300*time.Millisecond))
+	// Its Wait must outlast the next waiter's queueing, a second or more under load (at
+	// 300 ms, the queue went from 2 to 1 before the third came, in a loaded run).
+	waited := fairAcquire(ctx, b, key, pglock.Wait(2*time.Second))
 	awaitQueued(t, pool, key, 2)
 	next := fairAcquire(ctx, c, key)
 	awaitQueued(t, pool, key, 3)

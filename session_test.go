@@ -243,12 +243,14 @@ func staleRefused(t *testing.T, iso string, written int64, err error, code strin
 
 // The application's lock_timeout bounds pglock's calls too. An open fenced transaction,
 // at any isolation level (FOR KEY SHARE, migration 000011), holds up no renewal, so it
-// passes under a small lock_timeout; an acquisition loses at once.
+// passes under a small lock_timeout; an acquisition loses at once. (The statement_timeout
+// only keeps a call from hanging: at 200 ms, a first acquisition on a loaded machine,
+// its commit waiting for the WAL flush, passed it.)
 func TestSessionLockTimeoutAndAnOpenFencedTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	timeouts := sessionPool(t, pool.Config().ConnString(), 4, map[string]string{"lock_timeout": "20ms", "statement_timeout": "200ms"})
+	timeouts := sessionPool(t, pool.Config().ConnString(), 4, map[string]string{"lock_timeout": "20ms", "statement_timeout": "2s"})
 	store := pglock.NewPostgresStore(timeouts)
 	token, ok, err := store.Acquire(ctx, "fenced:a", "owner", time.Minute)
 	require.NoError(t, err)

@@ -60,6 +60,16 @@ func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
 		call{"lock_renew_many with a ttl of 0", many, []any{[]string{"k"}, []string{"o"}, 0}},
 		call{"lock_renew_many with a ttl past an interval's range", many, []any{[]string{"k"}, []string{"o"}, int64(1<<63 - 1)}},
 	)
+	releaseMany := "SELECT * FROM pglock.lock_release_many($1::text[], $2::text[], true)"
+	calls = append(calls,
+		call{"lock_release_many of an empty key", releaseMany, []any{[]string{"k", ""}, []string{"o", "o"}}},
+		call{"lock_release_many of a key too long", releaseMany, []any{[]string{long}, []string{"o"}}},
+		call{"lock_release_many with an empty owner", releaseMany, []any{[]string{"k"}, []string{""}}},
+		call{"lock_release_many with a null key", releaseMany, []any{[]*string{nil}, []string{"o"}}},
+		call{"lock_release_many with more keys than owners", releaseMany, []any{[]string{"k", "l"}, []string{"o"}}},
+		call{"lock_release_many of over 1000 keys", releaseMany, []any{make([]string, 1001), make([]string, 1001)}},
+		call{"lock_release_many of a semaphore's key too long", releaseMany, []any{[]string{strings.Repeat("s", 496) + "\x1f"}, []string{"o"}}},
+	)
 	for _, f := range []string{"lock_release", "lock_release_async"} {
 		q := "SELECT pglock." + f + "($1, $2)"
 		calls = append(calls,

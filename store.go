@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -70,9 +71,12 @@ type backend interface {
 	// the permit's number and its token (greater than every token the permit had);
 	// acquired false, with a nil error, when none is free (see pglock.sem_acquire).
 	semAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
-	// semRelease releases the permit of the semaphore key that owner holds live, whose
-	// number is not known (a hand-back), and reports whether it did.
-	semRelease(ctx context.Context, key, owner string) (bool, error)
+	// releaseMany releases keys[i] for owners[i] in one call, as Release does, and
+	// returns the indexes i of those it released: the client's hand-backs (see
+	// handBacks). A key is a lock's key or a permit's row key, or a semaphore's key
+	// followed by permitSeparator for the permit of unknown number that the owner may
+	// hold live.
+	releaseMany(ctx context.Context, keys, owners []string) (released []int, err error)
 
 	// forceRelease ends the lease of key's live holder, whoever it is, so that its
 	// renewals are refused and the next acquisition gets a greater token, and returns
@@ -167,6 +171,28 @@ func checkQueueCall(t target, owner string, ttl time.Duration) error {
 	}
 	return checkCall(t.key, owner, ttl)
 }
+
+// checkReleaseMany checks the arguments of backend.releaseMany, as checkCall does
+// one lock's and checkSemCall one permit's.
+func checkReleaseMany(keys, owners []string) error {
+	if len(keys) != len(owners) || len(keys) > maxReleaseMany {
+		return invalidArg("release many: %d keys and %d owners: want as many of each, at most %d", len(keys), len(owners), maxReleaseMany)
+	}
+	for i, key := range keys {
+		err := checkCall(key, owners[i], time.Millisecond)
+		if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
+			err = checkSemCall(sem, owners[i], time.Millisecond, 1)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maxReleaseMany is the most keys one releaseMany call takes
+// (pglock.lock_release_many's limit).
+const maxReleaseMany = 1000
 
 // checkRenewMany checks the arguments of backend.renewMany, as checkCall does one
 // lock's.

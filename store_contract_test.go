@@ -60,10 +60,17 @@ func (s batchStore) SemAcquire(ctx context.Context, key, owner string, ttl time.
 	return pglock.StoreSemAcquire(ctx, s.Store, key, owner, ttl, permits)
 }
 
-// semaphoreStore is a contractStore that takes semaphores' permits: the semaphore
-// cases run on such a store only.
+// ReleaseMany makes batchStore a semaphoreStore.
+func (s batchStore) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+	return pglock.StoreReleaseMany(ctx, s.Store, keys, owners)
+}
+
+// semaphoreStore is a contractStore that takes semaphores' permits and hands back
+// many keys in one call (the client's hand-backs): the cases of both run on such a
+// store only.
 type semaphoreStore interface {
 	SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
+	ReleaseMany(ctx context.Context, keys, owners []string) (released []int, err error)
 }
 
 func (s batchStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
@@ -168,6 +175,7 @@ func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts c
 	c.group(t, "Semaphore", func(t *testing.T) {
 		c.run(t, "GrantsTheLowestFreePermitUpToN", semaphoreGrantsLowestFree)
 		c.run(t, "ExpiredPermitIsFree", semaphoreExpiredPermitIsFree)
+		c.run(t, "ReleaseManyHandsBackWhatOwnersHold", releaseManyHandsBack)
 	})
 
 	c.group(t, "Concurrent", func(t *testing.T) {
@@ -876,6 +884,45 @@ func semaphoreExpiredPermitIsFree(h *harness) {
 		require.Greater(h.t, token, first)
 		return true
 	})
+}
+
+// releaseManyHandsBack: one releaseMany call releases each key its owner holds live
+// (a lock, a permit by its row key, a permit of unknown number by its semaphore's key
+// and U+001F) and nothing else: not a key held by another owner, not one never
+// acquired; and says which it released.
+func releaseManyHandsBack(h *harness) {
+	s := h.semaphore()
+	lock, held, never := h.key("lock"), h.key("held"), h.key("never")
+	sem := strings.TrimSuffix(h.key("sem"), "/")
+	_, ok := h.acquire(lock, ownerA, longTTL)
+	require.True(h.t, ok)
+	_, ok = h.acquire(held, ownerB, longTTL)
+	require.True(h.t, ok)
+	_, _, ok = h.semAcquire(sem, ownerA, longTTL, 2)
+	require.True(h.t, ok)
+	_, _, ok = h.semAcquire(sem, ownerB, longTTL, 2)
+	require.True(h.t, ok)
+
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	released, err := s.ReleaseMany(ctx, []string{never, sem + "\x1f", held, lock, sem + "\x1f2"},
+		[]string{ownerA, ownerA, ownerA, ownerA, ownerB})
+	require.NoError(h.t, err)
+	slices.Sort(released)
+	require.Equal(h.t, []int{1, 3, 4}, released, "released: the permit of unknown number, the lock and the permit by its row key")
+	_, ok = h.acquire(lock, ownerC, longTTL)
+	require.True(h.t, ok, "the lock was handed back")
+	_, ok = h.acquire(held, intruder, longTTL)
+	require.False(h.t, ok, "another owner's lock stays held")
+	_, ok = h.acquire(never, ownerC, longTTL)
+	require.True(h.t, ok, "a key never acquired was left free")
+	for range 2 {
+		_, _, ok = h.semAcquire(sem, ownerC, longTTL, 2)
+		require.True(h.t, ok, "both permits were handed back")
+	}
+	released, err = s.ReleaseMany(ctx, nil, nil)
+	require.NoError(h.t, err)
+	require.Empty(h.t, released)
 }
 
 // semaphoreNPermitsPerRound: Callers racers take permits of one semaphore of 3 at

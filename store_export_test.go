@@ -36,3 +36,13 @@ func StoreSemAcquire(ctx context.Context, s Store, key, owner string, ttl time.D
 	}
 	return b.semAcquire(ctx, key, owner, ttl, permits)
 }
+
+// StoreReleaseMany releases keys[i] for owners[i] in one call of s, as the client's
+// hand-backs do (see backend.releaseMany), and returns the indexes of those released.
+func StoreReleaseMany(ctx context.Context, s Store, keys, owners []string) ([]int, error) {
+	b, ok := s.(backend)
+	if !ok {
+		return nil, fmt.Errorf("%T has no releaseMany", s)
+	}
+	return b.releaseMany(ctx, keys, owners)
+}

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -316,18 +317,40 @@ func (s *memoryStore) livePermits(key, owner string) []string {
 	return rows
 }
 
-func (s *memoryStore) semRelease(_ context.Context, key, owner string) (bool, error) {
-	if err := checkSemCall(key, owner, time.Millisecond, 1); err != nil {
-		return false, err
+func (s *memoryStore) releaseMany(_ context.Context, keys, owners []string) ([]int, error) {
+	if err := checkReleaseMany(keys, owners); err != nil {
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rows := s.livePermits(key, owner)
-	for _, row := range rows {
-		l := s.locks[row]
-		l.owner, l.expires = "", s.clock.Now()
+	var released []int
+	for i, key := range keys {
+		if s.release(key, owners[i]) {
+			released = append(released, i)
+		}
 	}
-	return len(rows) > 0, nil
+	return released, nil
+}
+
+// release releases key for owner, as pglock.lock_release_many does one key, and
+// reports whether it did; s.mu is held.
+func (s *memoryStore) release(key, owner string) bool {
+	if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
+		// A permit of unknown number (sem_release): no handover.
+		rows := s.livePermits(sem, owner)
+		for _, row := range rows {
+			l := s.locks[row]
+			l.owner, l.expires = "", s.clock.Now()
+		}
+		return len(rows) > 0
+	}
+	l := s.live(key, owner)
+	if l == nil {
+		return false
+	}
+	l.owner, l.expires = "", s.clock.Now()
+	s.handOver(key)
+	return true
 }
 
 func (s *memoryStore) Renew(_ context.Context, key, owner string, ttl time.Duration) (bool, error) {
@@ -370,13 +393,7 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	l := s.live(key, owner)
-	if l == nil {
-		return false, nil
-	}
-	l.owner, l.expires = "", s.clock.Now()
-	s.handOver(key)
-	return true, nil
+	return s.release(key, owner), nil
 }
 
 // prune deletes up to limit locks released or expired more than olderThan ago, as

@@ -504,15 +504,26 @@ func (s *postgresStore) semWant(ctx context.Context, key string, permits int) (b
 	return wanted, nil
 }
 
-func (s *postgresStore) semRelease(ctx context.Context, key, owner string) (bool, error) {
-	if err := checkSemCall(key, owner, time.Millisecond, 1); err != nil {
-		return false, err
+func (s *postgresStore) releaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+	if err := checkReleaseMany(keys, owners); err != nil {
+		return nil, err
 	}
-	var ok bool
-	if err := s.queryRow(ctx, `SELECT pglock.sem_release($1, $2)`, key, owner).Scan(&ok); err != nil {
-		return false, storeError(err, "release a permit of %q", key)
+	// Asynchronous, as Release, only where the transaction is the statement's own.
+	async := s.inTx == nil || !s.inTx()
+	var released []int
+	err := s.queryRows(ctx, `SELECT pglock.lock_release_many($1::text[], $2::text[], $3)`,
+		[]any{s.array(keys), s.array(owners), async}, func(row scanner) error {
+			var i int
+			if err := row.Scan(&i); err != nil {
+				return err
+			}
+			released = append(released, i-1)
+			return nil
+		})
+	if err != nil {
+		return nil, storeError(err, "release %d locks", len(keys))
 	}
-	return ok, nil
+	return released, nil
 }
 
 // prune deletes up to limit rows released or expired more than olderThan ago (see

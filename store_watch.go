@@ -309,9 +309,9 @@ func (w watchedBackend) semAcquire(ctx context.Context, key, owner string, ttl t
 	return w.b.semAcquire(ctx, key, owner, ttl, permits)
 }
 
-func (w watchedBackend) semRelease(ctx context.Context, key, owner string) (_ bool, err error) {
+func (w watchedBackend) releaseMany(ctx context.Context, keys, owners []string) (_ []int, err error) {
 	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
-	return w.b.semRelease(ctx, key, owner)
+	return w.b.releaseMany(ctx, keys, owners)
 }
 
 func (w watchedBackend) forceRelease(ctx context.Context, key string) (_ LockInfo, err error) {

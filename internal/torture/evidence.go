@@ -155,13 +155,14 @@ func union(spans []span) []span {
 }
 
 // callHas reports whether call r was about key for owner: a permit's calls name its
-// row key (renewals, releases) or its semaphore's key (sem_acquire, sem_release).
+// row key (renewals, releases) or its semaphore's key (sem_acquire, sem_release; in a
+// hand-back of lock_release_many, followed by U+001F).
 func callHas(r Record, key, owner string) bool {
 	if (r.Key == key || r.Key == semaphoreOf(key)) && r.Owner == owner {
 		return true
 	}
 	for i, k := range r.Keys {
-		if k == key && i < len(r.Owners) && r.Owners[i] == owner {
+		if (k == key || isPermit(key) && k == semaphoreOf(key)+"\x1f") && i < len(r.Owners) && r.Owners[i] == owner {
 			return true
 		}
 	}
@@ -285,7 +286,7 @@ func (c *checker) renewalAt(worker string, t time.Time) bool {
 func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 	var calls []string
 	for _, r := range c.calls[l.worker] {
-		if (r.Reason == "lock_release_async" || r.Reason == "sem_release") && callHas(r, l.key, l.owner) && sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
+		if (r.Reason == "lock_release_async" || r.Reason == "sem_release" || r.Reason == "lock_release_many") && callHas(r, l.key, l.owner) && sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
 			calls = append(calls, describeCall(r))
 		}
 	}

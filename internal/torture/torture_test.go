@@ -259,6 +259,9 @@ func TestCheckerCatchesEachViolation(t *testing.T) {
 		{"WorkerExitsOnItsOwn", invRun, func(h *History) {
 			h.Lives[1].Exit = "exit status 1"
 		}},
+		{"WorkerLeavesNoHistory", invRun, func(h *History) {
+			h.Lives = append(h.Lives, Life{ID: "w1.2", Slot: 1, Start: at(9000), End: at(9900)})
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := baseline()
@@ -765,6 +768,16 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	require.Equal(t, 1, r.Violations[invGhost], "a connection slowed by the link's own fault: %v", r.Details)
 }
 
+// A worker that the nemesis killed as it started, before it opened its history, did
+// nothing to check: its empty history is no finding.
+func TestCheckerExcusesAWorkerKilledAsItStarted(t *testing.T) {
+	t.Parallel()
+	h := baseline()
+	h.Lives = append(h.Lives, Life{ID: "w1.2", Slot: 1, Start: at(9000), End: at(9116), Killed: true})
+	r := check(h)
+	require.False(t, r.Failed(), "%v", r.Details)
+}
+
 // A permit granted to an acquisition abandoned in flight is a ghost like a lock's: its
 // evidence is the semaphore's calls (sem_acquire's WAL waits, the sem_release that
 // hands back a permit of unknown number), and permit leases are counted under invariant 8.
@@ -782,6 +795,15 @@ func TestCheckerWeighsAPermitGhostsEvidence(t *testing.T) {
 	require.Equal(t, 1, r.Violations[invGhost], "%v", r.Details)
 	require.Contains(t, r.Details[invGhost][0], "the hand-back: sem_release asked the pool at")
 
+	// The client's hand-backs in one lock_release_many call name a permit of unknown
+	// number by its semaphore's key and U+001F.
+	h = ghost()
+	h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "lock_release_many",
+		Keys: []string{"k0", semKey + permitSeparator}, Owners: []string{"w2.1/q", "w2.1/p"}, Pool: at(2010), Start: at(3100), Local: at(3150)})
+	r = check(h)
+	require.Equal(t, 1, r.Violations[invGhost], "%v", r.Details)
+	require.Contains(t, r.Details[invGhost][0], "the hand-back: lock_release_many asked the pool at")
+
 	h = ghost()
 	q := "SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"
 	h.Waits = []Wait{{At: at(2000), Worker: "w2.1", PID: 7, Type: "IO", Event: "WALSync", Query: q, Since: at(1995)},
@@ -795,5 +817,6 @@ func TestPglockCallNamesTheSemaphoresCalls(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, "sem_acquire", pglockCall("SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)"))
 	require.Equal(t, "lock_acquire", pglockCall("SELECT pglock.lock_acquire($1, $2, $3)"))
+	require.Equal(t, "lock_release_many", pglockCall("SELECT pglock.lock_release_many($1::text[], $2::text[], $3)"))
 	require.Empty(t, pglockCall("UPDATE t SET v = 1 WHERE pglock.lock_held($1, $2)"))
 }
