@@ -76,13 +76,17 @@ const (
 // LockLostError is the context.Cause of a lost lock's context, and what Release and
 // WithLock return for a lock lost before its release. errors.Is(err, ErrLockLost) is true.
 type LockLostError struct {
-	Key    string
+	Key    string // a semaphore's key for a permit (Lock.Key)
+	Permit int    // the permit's number (Lock.Permit); 0 for a lock
 	Owner  string
 	Token  int64
 	Reason Reason // ReasonRefused, ReasonExpired or ReasonReleaseRefused
 }
 
 func (e *LockLostError) Error() string {
+	if e.Permit > 0 {
+		return fmt.Sprintf("pglock: permit %d of %q (token %d) lost: %s", e.Permit, e.Key, e.Token, e.Reason)
+	}
 	return fmt.Sprintf("pglock: lock %q (token %d) lost: %s", e.Key, e.Token, e.Reason)
 }
 

@@ -95,7 +95,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		case serr != nil:
 			err = serr
 		case !ok && (!unsure || !live):
-			err = &LockLostError{Key: l.key, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
+			err = &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
 		default:
 			c.logger.Debug("pglock: released lock", slog.String("key", l.key), slog.Int("permit", l.permit),
 				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
@@ -114,7 +114,7 @@ func (l *Lock) lostError(r renewer.Reason) *LockLostError {
 	if r == renewer.Refused {
 		reason = ReasonRefused
 	}
-	return &LockLostError{Key: l.key, Owner: l.entry.Owner, Token: l.token, Reason: reason}
+	return &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: reason}
 }
 
 // abandon ends a lock that Close could not release in time.

@@ -12,7 +12,11 @@ const pruneBatch = 1000
 // Prune deletes the store's locks whose lease ended, released or expired, more than
 // olderThan ago, and returns how many it deleted. A key is kept after its release so
 // that its next acquisition finds its row; without pruning, every key ever used stays
-// in the table.
+// in the table. A permit is a lock like any other. With them, whatever olderThan, it
+// deletes what fair waiters whose clients died leave in the queues (not polled for a
+// minute: such a waiter that comes back queues again) and the row of each semaphore
+// that no permit has a row of any more (the next acquisition of a permit makes it
+// again); those are not counted.
 //
 // Prune never touches a live lock, whatever olderThan (0 prunes every lock not held
 // now), nor the row of a lock that an acquisition, a renewal, a release or an open

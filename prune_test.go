@@ -422,3 +422,45 @@ func TestPruneOnAStoreWithoutTheCapabilityIsUnsupported(t *testing.T) {
 	_, err := c.Prune(t.Context(), time.Hour)
 	require.ErrorIs(t, err, errors.ErrUnsupported)
 }
+
+// Prune deletes what dead fair waiters and emptied semaphores leave behind: a waiter
+// row not polled for a minute, and the row of a semaphore none of whose permits has a
+// row left; never a waiter polled within the minute nor a semaphore with a permit row.
+// A semaphore pruned so is taken again as before, its tokens still growing.
+func TestPruneDeletesWhatDeadWaitersAndEmptySemaphoresLeave(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	d := pruneForms()["pgx"](t)
+	empty, err := d.client.Semaphore("sem:empty", 2)
+	require.NoError(t, err)
+	l, err := empty.TryAcquire(ctx)
+	require.NoError(t, err)
+	first := l.Token()
+	require.NoError(t, l.Release(ctx))
+	held, err := d.client.Semaphore("sem:held", 2)
+	require.NoError(t, err)
+	_, err = held.TryAcquire(ctx)
+	require.NoError(t, err)
+	_, err = d.pool.Exec(ctx, `INSERT INTO pglock.waiters (key, owner, ttl_ms, seen_at) VALUES
+		('dead', 'o', 1000, clock_timestamp() - interval '61 seconds'),
+		('alive', 'o', 1000, clock_timestamp() - interval '50 seconds')`)
+	require.NoError(t, err)
+
+	n, err := d.client.Prune(ctx, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the released permit's row")
+	rows := func(q string) []string {
+		r, err := d.pool.Query(ctx, q)
+		require.NoError(t, err)
+		keys, err := pgx.CollectRows(r, pgx.RowTo[string])
+		require.NoError(t, err)
+		return keys
+	}
+	require.Equal(t, []string{"sem:held"}, rows("SELECT key FROM pglock.semaphores ORDER BY key"))
+	require.Equal(t, []string{"alive"}, rows("SELECT key FROM pglock.waiters ORDER BY key"))
+
+	l, err = empty.TryAcquire(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, l.Permit())
+	require.Greater(t, l.Token(), first)
+}

@@ -58,3 +58,38 @@ func TestFairOnTheMemoryStore(t *testing.T) {
 	require.NoError(t, got.l.Release(ctx))
 	require.Eventually(t, queued(0), time.Second, time.Millisecond)
 }
+
+// TestPruneOnTheMemoryStoreDeletesDeadWaiters: as lock_prune, the memory store's prune
+// deletes a waiter not polled for a minute, and keeps one polled within it.
+func TestPruneOnTheMemoryStoreDeletesDeadWaiters(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := &steppedClock{now: time.Now()}
+	store := NewMemoryStore(clock).(*memoryStore)
+	_, ok, err := store.Acquire(ctx, "k", "holder", time.Hour)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, _, dead, err := store.queueAcquire(ctx, target{key: "k"}, "dead", time.Minute)
+	require.NoError(t, err)
+	require.Positive(t, dead)
+	clock.now = clock.now.Add(50 * time.Second)
+	_, _, alive, err := store.queueAcquire(ctx, target{key: "k"}, "alive", time.Minute)
+	require.NoError(t, err)
+	clock.now = clock.now.Add(11 * time.Second)
+
+	_, err = store.prune(ctx, time.Hour, 1000)
+	require.NoError(t, err)
+	require.Len(t, store.waiters["k"], 1)
+	require.Equal(t, alive, store.waiters["k"][0].ticket)
+	clock.now = clock.now.Add(time.Minute)
+	_, err = store.prune(ctx, time.Hour, 1000)
+	require.NoError(t, err)
+	require.NotContains(t, store.waiters, "k", "an emptied queue")
+}
+
+// steppedClock is a Clock whose Now the test sets; its timers run on the real clock.
+type steppedClock struct{ now time.Time }
+
+func (c *steppedClock) Now() time.Time { return c.now }
+
+func (c *steppedClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

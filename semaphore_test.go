@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -401,6 +402,8 @@ func TestSemaphoreForceRelease(t *testing.T) {
 			var lost *pglock.LockLostError
 			require.ErrorAs(t, context.Cause(l2.Context()), &lost)
 			require.Equal(t, "jobs", lost.Key)
+			require.Equal(t, 2, lost.Permit, "the lost permit's number")
+			require.Equal(t, `pglock: permit 2 of "jobs" (token `+strconv.FormatInt(l2.Token(), 10)+`) lost: refused`, lost.Error())
 			require.True(t, l1.Held())
 			l3, err := sem.TryAcquire(ctx)
 			require.NoError(t, err)

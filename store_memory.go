@@ -413,6 +413,20 @@ func (s *memoryStore) prune(_ context.Context, olderThan time.Duration, limit in
 			deleted++
 		}
 	}
+	// The waiters not polled for a minute, as lock_prune (000019): limit of them at most.
+	gone := 0
+	for key, q := range s.waiters {
+		s.waiters[key] = slices.DeleteFunc(q, func(w *memoryWaiter) bool {
+			if gone < limit && w.seen.Before(now.Add(-time.Minute)) {
+				gone++
+				return true
+			}
+			return false
+		})
+		if len(s.waiters[key]) == 0 {
+			delete(s.waiters, key)
+		}
+	}
 	return deleted, nil
 }
 
