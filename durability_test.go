@@ -53,6 +53,10 @@ func TestSQLDurableStatementsRaiseSynchronousCommit(t *testing.T) {
 		{"a losing acquisition, which writes nothing", "SELECT pglock.lock_acquire('held', 'A', 60000)", false, false},
 		{"a losing permit's acquisition, which grants nothing", "SELECT pglock.sem_acquire('full', 'A', 60000, 1)", false, false},
 		{"a refused renewal, which writes nothing", "SELECT pglock.lock_renew('held', 'not the holder', 60000)", false, false},
+		{"a fair acquisition of a free key", "SELECT * FROM pglock.queue_acquire('fair', 'A', 60000, 0)", true, false},
+		{"a fair acquisition of a free permit", "SELECT * FROM pglock.queue_acquire('fairsem', 'A', 60000, 2)", true, false},
+		{"a fair waiter's queueing, which takes nothing", "SELECT * FROM pglock.queue_acquire('held', 'A', 60000, 0)", false, true},
+		{"a fair permit waiter's queueing", "SELECT * FROM pglock.queue_acquire('full', 'A', 60000, 1)", false, true},
 	}
 	for _, setting := range []string{"off", "local", "remote_write", "remote_apply", "on"} {
 		for _, s := range statements {
