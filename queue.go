@@ -111,8 +111,15 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 		c.listener.fairQueued()
 		// Between 3/4 and all of Q/4, so that waiters that queued together (a crowd's
 		// start) do not poll together ever after, each burst of polls holding up the
-		// claims behind it.
+		// claims behind it. While the listener's first connection is under way (a
+		// second or more on a loaded machine) no grant can wake the waiter: the head,
+		// whose the next grant is, polls as a plain waiter's head does then
+		// (startingPoll), and a waiter that just queued polls once as soon, to learn
+		// whether it is the head.
 		pause := queueHeartbeat - rand.N(queueHeartbeat/4)
+		if q.head && c.listener.isStarting() {
+			pause = min(pause, jitter(startingPollEvery))
+		}
 		if lc.waitSet {
 			left := deadline.Sub(c.clock.Now())
 			if left <= 0 {
@@ -137,6 +144,7 @@ type fairWaiter struct {
 	ttl    time.Duration
 	ticket int64 // 0 while not queued
 	unsure bool  // the last queue_acquire failed after it may have reached the server
+	head   bool  // the next grant is its, as far as the last call knows (true once queued)
 }
 
 // step queues the waiter when it is not queued (and takes the key, or a permit, at once
@@ -146,12 +154,15 @@ func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 	if q.ticket == 0 {
 		permit, token, ticket, err := q.b.queueAcquire(ctx, q.t, q.owner, q.ttl)
 		q.unsure = err != nil && mayHaveReached(err)
-		q.ticket = ticket
+		q.ticket, q.head = ticket, true // until its first poll says
 		return permit, token, err
 	}
-	permit, token, queued, err := q.b.queuePoll(ctx, q.t.key, q.ticket)
-	if err == nil && !queued {
-		q.ticket = 0
+	permit, token, queued, head, err := q.b.queuePoll(ctx, q.t.key, q.ticket)
+	if err == nil {
+		q.head = head
+		if !queued {
+			q.ticket = 0
+		}
 	}
 	return permit, token, err
 }

@@ -93,3 +93,30 @@ type steppedClock struct{ now time.Time }
 func (c *steppedClock) Now() time.Time { return c.now }
 
 func (c *steppedClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// TestMemoryQueuePollTellsTheHead: as queue_poll (000021), the memory store tells a
+// queued waiter whether no live waiter ahead of it waits for a grant.
+func TestMemoryQueuePollTellsTheHead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	clock := &steppedClock{now: time.Now()}
+	store := NewMemoryStore(clock).(*memoryStore)
+	_, ok, err := store.Acquire(ctx, "k", "holder", time.Hour)
+	require.NoError(t, err)
+	require.True(t, ok)
+	var tickets [2]int64
+	for i := range tickets {
+		_, _, tickets[i], err = store.queueAcquire(ctx, target{key: "k"}, "w"+string(rune('0'+i)), time.Minute)
+		require.NoError(t, err)
+	}
+	for i, want := range []bool{true, false} {
+		_, _, queued, head, err := store.queuePoll(ctx, "k", tickets[i])
+		require.NoError(t, err)
+		require.True(t, queued)
+		require.Equal(t, want, head, "waiter %d", i)
+	}
+	clock.now = clock.now.Add(2 * queueBound) // the head silent: dead
+	_, _, _, head, err := store.queuePoll(ctx, "k", tickets[1])
+	require.NoError(t, err)
+	require.True(t, head, "behind a dead head")
+}

@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -308,4 +309,44 @@ func TestQueueFunctionsRefuseBadInput(t *testing.T) {
 	}
 	require.Zero(t, queued(t, pool, "k"))
 	require.Empty(t, lockKeys(t, pool))
+}
+
+// TestQueuePollTellsTheHead: a poll tells a queued waiter whether the next grant is its:
+// the head of the live waiters; the one behind it once the head stops polling for Q
+// (dead) or has a grant to claim; never a waiter whose poll claimed or took the key.
+func TestQueuePollTellsTheHead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'holder', 60000)").Scan(&token))
+	tickets := make([]int64, 3)
+	for i := range tickets {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', $1, 60000, 0)", fmt.Sprint("w", i)).Scan(&tickets[i]))
+	}
+	poll := func(ticket int64) (queued, head bool) {
+		t.Helper()
+		var tok *int64
+		require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token, queued, coalesce(head, false) FROM pglock.queue_poll('k', $1)", ticket).Scan(&tok, &queued, &head))
+		return queued, head
+	}
+	for i, want := range []bool{true, false, false} {
+		queued, head := poll(tickets[i])
+		require.True(t, queued)
+		require.Equal(t, want, head, "waiter %d", i)
+	}
+	// The head silent for over Q: the next is the head.
+	_, err := pool.Exec(ctx, "UPDATE pglock.waiters SET seen_at = clock_timestamp() - interval '2 seconds' WHERE ticket = $1", tickets[0])
+	require.NoError(t, err)
+	_, head := poll(tickets[1])
+	require.True(t, head, "behind a dead head")
+	// A release grants the key to waiter 1 (the live head); waiter 2 is next.
+	var released bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_release('k', 'holder')").Scan(&released))
+	require.True(t, released)
+	_, head = poll(tickets[2])
+	require.True(t, head, "behind a waiter with a grant to claim")
+	queued, head := poll(tickets[1])
+	require.False(t, queued, "the claim")
+	require.False(t, head)
 }

@@ -413,18 +413,19 @@ func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string
 	return int(permit.Int32), token.Int64, ticket.Int64, nil
 }
 
-func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, error) {
+func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, bool, error) {
 	if err := checkTicket(key, ticket); err != nil {
-		return 0, 0, false, err
+		return 0, 0, false, false, err
 	}
 	var token sql.NullInt64
 	var permit sql.NullInt32
 	var queued bool
-	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued, q.permit FROM pglock.queue_poll($1, $2) q`,
-		key, ticket).Scan(&token, &queued, &permit); err != nil {
-		return 0, 0, false, storeError(err, "poll the queue of %q", key)
+	var head sql.NullBool
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued, q.permit, q.head FROM pglock.queue_poll($1, $2) q`,
+		key, ticket).Scan(&token, &queued, &permit, &head); err != nil {
+		return 0, 0, false, false, storeError(err, "poll the queue of %q", key)
 	}
-	return int(permit.Int32), token.Int64, queued, nil
+	return int(permit.Int32), token.Int64, queued, queued && head.Bool, nil
 }
 
 func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64) (bool, error) {
