@@ -113,7 +113,7 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 		// start) do not poll together ever after, each burst of polls holding up the
 		// claims behind it. While the listener's first connection is under way (a
 		// second or more on a loaded machine) no grant can wake the waiter: the head,
-		// whose the next grant is, polls as a plain waiter's head does then
+		// which the next grant goes to, polls as a plain waiter's head does then
 		// (startingPoll), and a waiter that just queued polls once as soon, to learn
 		// whether it is the head.
 		pause := queueHeartbeat - rand.N(queueHeartbeat/4)
