@@ -174,8 +174,9 @@ func TestHandBacksBeatTheirTTLOverASlowLink(t *testing.T) {
 		})
 	}
 	for i := range n {
-		keys = append(keys, "hb-"+strconv.Itoa(i))
-		try(func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, keys[i+1]) })
+		key := "hb-" + strconv.Itoa(i)
+		keys = append(keys, key)
+		try(func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, key) })
 	}
 	try(func(ctx context.Context) (*pglock.Lock, error) { return sem.TryAcquire(ctx) })
 	wg.Wait()
