@@ -337,9 +337,24 @@ func TestRoleGrantsAreTheReadmes(t *testing.T) {
 	}
 }
 
+// internalHelpers are the functions that only pglock's own functions call, with no
+// argument check of their own: they run as their caller (000022).
+var internalHelpers = []string{
+	"pglock.fencing_token_next()",
+	"pglock.lock_take(text,text,bigint)",
+	"pglock.locks_set_acquired_at()",
+	"pglock.queue_grant(text)",
+	"pglock.sem_grant(text,text)",
+	"pglock.sem_live(text)",
+	"pglock.sem_lock(text,integer)",
+	"pglock.sem_take(text,text,bigint,integer)",
+	"pglock.sem_waiting(text,bigint)",
+}
+
 // TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned: every function of the schema,
 // whichever migration added it, follows 000006: SECURITY DEFINER, search_path pinned to
-// pg_catalog then pg_temp, no EXECUTE for PUBLIC.
+// pg_catalog then pg_temp, no EXECUTE for PUBLIC; but the internal helpers, which run as
+// their caller (SECURITY INVOKER), so as the owner when pglock's functions call them.
 func TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned(t *testing.T) {
 	t.Parallel()
 	admin := pglocktest.Pool(t, pglocktest.PostgresURL(t), 2)
@@ -354,7 +369,7 @@ func TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned(t *testing.T) {
 		var definer, public bool
 		var config []string
 		require.NoError(t, rows.Scan(&name, &definer, &config, &public))
-		require.True(t, definer, "%s runs as its caller", name)
+		require.Equal(t, !slices.Contains(internalHelpers, strings.ReplaceAll(name, ", ", ",")), definer, "%s: SECURITY DEFINER", name)
 		want := []string{"search_path=pg_catalog, pg_temp"}
 		if strings.HasPrefix(name, "pglock.lock_renew_many(") || strings.HasPrefix(name, "pglock.sem_want(") {
 			// their lock order is their plan's (000011, 000013)
@@ -366,6 +381,41 @@ func TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.GreaterOrEqual(t, n, 16, "the schema's functions")
+}
+
+// TestAnApplicationRoleCannotCallTheInternalHelpers: a role with README's grants that
+// calls a helper directly (lock_take, which checks no argument, with a key far past the
+// limit) gets insufficient_privilege and writes nothing; through lock_acquire, which
+// calls lock_take as the owner, the same role takes a key.
+func TestAnApplicationRoleCannotCallTheInternalHelpers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pglocktest.PostgresURL(t)
+	admin := pglocktest.Pool(t, dbURL, 2)
+	app := pglocktest.Pool(t, newRole(t, dbURL, appGrants...), 2)
+	long := strings.Repeat("k", 100000)
+	for _, q := range []string{
+		"SELECT pglock.lock_take('" + long + "', 'o', 1000)",
+		"SELECT pglock.fencing_token_next()",
+		"SELECT pglock.queue_grant('k')",
+		"SELECT * FROM pglock.sem_take('s', 'o', 1000, 2)",
+		"SELECT pglock.sem_grant('s', 's' || chr(31) || '1')",
+		"SELECT pglock.sem_lock('s', 2)",
+		"SELECT pglock.sem_live('s')",
+		"SELECT pglock.sem_waiting('s', 1)",
+	} {
+		_, err := app.Exec(ctx, q)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%.60s: want insufficient_privilege, got %v", q, err)
+		require.Equal(t, "42501", pgErr.Code, "%.60s: %s", q, pgErr.Message)
+	}
+	var rows, semaphores int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM pglock.locks), (SELECT count(*) FROM pglock.semaphores)").
+		Scan(&rows, &semaphores))
+	require.Zero(t, rows+semaphores, "a refused helper wrote")
+	var token int64
+	require.NoError(t, app.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'o', 1000)").Scan(&token))
+	require.Positive(t, token)
 }
 
 // TestRoleGrantedBeforeAnUpgradeMayCallWhatItAdds: a role granted README's privileges on
