@@ -333,10 +333,12 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
-	a := newClient(t, store, pglock.TTL(300*time.Millisecond))
+	// A ttl of 1 s: at 300 ms, a renewal on a loaded machine (the whole suite under
+	// -race, a fresh-clone CI run) waited for its WAL flush past the lease's end.
+	a := newClient(t, store, pglock.TTL(time.Second))
 	b := newClient(t, store)
 	l, err := a.TryAcquire(t.Context(), "k")
-	// A connection's first statements make their plans and may answer after a 300 ms ttl
+	// A connection's first statements make their plans and may answer after the ttl
 	// on a loaded machine (a fresh-clone CI run): the lock is then handed back as too
 	// late to trust, which is right, and is not what this test is about.
 	// Until that hand-back is done, the key is held: poll.
@@ -345,7 +347,7 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 		l, err = a.TryAcquire(t.Context(), "k")
 	}
 	require.NoError(t, err)
-	time.Sleep(time.Second) // database time: three ttls, renewed every 100 ms
+	time.Sleep(3 * time.Second) // database time: three ttls, renewed every 333 ms
 	require.True(t, l.Held())
 	_, err = b.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)
