@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -54,7 +55,9 @@ const queueHeartbeat = queueBound / 4
 // that could take a free key would starve the waiters queued for it. Fair waiters need
 // the listener (New's default) to be woken when the key is theirs; without one, they
 // find out at their next poll, Q/4 later at most. A Store that embeds another has no
-// queue: Acquire with Fair returns an error wrapping errors.ErrUnsupported.
+// queue, nor does a PostgreSQL store inside a transaction of the caller's (a pgx.Tx, or
+// a connection with one open), whose wait would hold the key's row locked: Acquire with
+// Fair returns an error wrapping errors.ErrUnsupported.
 func Fair() AcquireOption {
 	return acquireOpt{name: "Fair", apply: func(s *settings) error {
 		s.fair = true
@@ -69,6 +72,11 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 	b, err := c.backend("Acquire with Fair", "has no fair queue")
 	if err != nil {
 		return nil, err
+	}
+	if s, ok := unwatched(c.store).(*postgresStore); ok && s.inTx != nil && s.inTx() {
+		return nil, fmt.Errorf("pglock: Acquire with Fair: the store runs in a transaction of the caller's, "+
+			"which would keep the key's row locked while it waits (the release it waits for would wait for it) "+
+			"and make the caller's commit asynchronous: use a store on a pool or a connection: %w", errors.ErrUnsupported)
 	}
 	var deadline time.Time
 	if lc.waitSet {

@@ -2,6 +2,7 @@ package pglock_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -65,4 +66,32 @@ func TestStoreReleaseInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) 
 			require.Equal(t, before, after)
 		})
 	}
+}
+
+// Acquire with Fair on a store inside a transaction of the caller's is refused before
+// it writes anything: its wait would hold the key's row locked in that transaction (so
+// the release it waits for would wait for it) and its polls would make the caller's
+// commit asynchronous.
+func TestFairOnAStoreInTheCallersTransactionIsUnsupported(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	for name, store := range map[string]pglock.Store{"pgx.Tx": pglock.NewPostgresStore(tx), "*pgx.Conn": pglock.NewPostgresStore(tx.Conn())} {
+		c := newClient(t, store, quiet)
+		_, err = c.Acquire(ctx, "fair:tx", pglock.Fair())
+		require.ErrorIs(t, err, errors.ErrUnsupported, name)
+		sem, err := c.Semaphore("fair:txsem", 2)
+		require.NoError(t, err)
+		_, err = sem.Acquire(ctx, pglock.Fair())
+		require.ErrorIs(t, err, errors.ErrUnsupported, name)
+	}
+	var rows, waiters int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT (SELECT count(*) FROM pglock.locks), (SELECT count(*) FROM pglock.waiters)").Scan(&rows, &waiters))
+	require.Zero(t, rows+waiters, "a refused fair acquisition wrote")
 }
