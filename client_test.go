@@ -333,9 +333,10 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	store := pglock.NewPostgresStore(pool)
-	// A ttl of 1 s: at 300 ms, a renewal on a loaded machine (the whole suite under
-	// -race, a fresh-clone CI run) waited for its WAL flush past the lease's end.
-	a := newClient(t, store, pglock.TTL(time.Second))
+	// A ttl of 3 s: at 300 ms and at 1 s, a renewal on a loaded machine (the whole suite
+	// under -race, fresh-clone CI runs) waited for its WAL flush past the lease's end.
+	const ttl = 3 * time.Second
+	a := newClient(t, store, pglock.TTL(ttl))
 	b := newClient(t, store)
 	l, err := a.TryAcquire(t.Context(), "k")
 	// A connection's first statements make their plans and may answer after the ttl
@@ -347,7 +348,7 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 		l, err = a.TryAcquire(t.Context(), "k")
 	}
 	require.NoError(t, err)
-	time.Sleep(3 * time.Second) // database time: three ttls, renewed every 333 ms
+	time.Sleep(ttl + time.Second) // database time: past the ttl, renewed every second
 	require.True(t, l.Held())
 	_, err = b.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)

@@ -183,7 +183,9 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(300*time.Millisecond),
+	// A ttl of 1 s: the first write must come while the lease is live on the database
+	// clock, which 300 ms did not leave room for on a loaded machine.
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Second),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews: a paused holder
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)

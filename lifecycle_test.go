@@ -272,7 +272,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
 	require.NoError(t, err)
-	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(300*time.Millisecond),
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(time.Second), // its write must come while it holds
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
 	l, err := paused.TryAcquire(t.Context(), "doc:1")
 	require.NoError(t, err)

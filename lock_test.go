@@ -20,7 +20,7 @@ func TestPausedHolderLosesLockAfterTTLOnDatabaseClock(t *testing.T) {
 	store := pglock.NewPostgresStore(pool)
 	clockA := pglocktest.NewManualClock(time.Now())
 	var logs testkit.LogBuffer
-	const ttl = 300 * time.Millisecond // while A holds the lock, B tries once
+	const ttl = time.Second // while A holds the lock, B tries once (300 ms left no room on a loaded machine)
 	a := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
 	b := newClient(t, store, pglock.TTL(time.Second))
 
