@@ -142,7 +142,9 @@ func TestHealthzShowsNoConnectionDetails(t *testing.T) {
 	r := do(t, get(t, base+"/healthz"), "")
 	require.Equal(t, http.StatusServiceUnavailable, r.status)
 	require.Equal(t, "unready", r.body["status"])
-	require.Equal(t, "acquire", r.body["failedCall"])
+	// The tick's acquisition failed; so may, in the background, the client's registration
+	// of its jobs (which came last under load, in a fresh-clone CI run).
+	require.Contains(t, []any{"acquire", "register"}, r.body["failedCall"])
 	for _, detail := range []string{cfg.ConnConfig.Database, cfg.ConnConfig.User, cfg.ConnConfig.Host, "user=", "database="} {
 		require.NotContains(t, string(r.raw), detail)
 	}
