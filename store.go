@@ -180,9 +180,11 @@ func checkReleaseMany(keys, owners []string) error {
 		return invalidArg("release many: %d keys and %d owners: want as many of each, at most %d", len(keys), len(owners), maxReleaseMany)
 	}
 	for i, key := range keys {
-		err := checkCall(key, owners[i], time.Millisecond)
+		var err error
 		if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
 			err = checkSemCall(sem, owners[i], time.Millisecond, 1)
+		} else {
+			err = checkCall(key, owners[i], time.Millisecond)
 		}
 		if err != nil {
 			return err
