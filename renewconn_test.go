@@ -90,3 +90,48 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 		})
 	}
 }
+
+// A release does not queue for the application's pool either: with every connection of
+// the pool busy (here for 30 s), it hands the lock back on pglock's own idle connection,
+// and another client takes the key while the application's queries still run. Renewals
+// are stopped (a manual clock), so the own connection is idle when the release comes.
+func TestReleaseNeverWaitsBehindTheApplicationsPool(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, url, 2)
+	c, err := pglock.New(pool, quiet, pglock.WithoutListener(), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	l, err := c.TryAcquire(ctx, "job", pglock.TTL(time.Minute))
+	require.NoError(t, err)
+
+	direct := pglocktest.Pool(t, url, 1)
+	count := func(query string) (n int32) {
+		require.NoError(t, direct.QueryRow(ctx, query).Scan(&n))
+		return n
+	}
+	const backends = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()`
+	require.Eventually(t, func() bool { return count(backends) > pool.Stat().TotalConns() }, 10*time.Second, 5*time.Millisecond,
+		"pglock's own connection, opened when the client first held a lock")
+
+	app, stop := context.WithCancel(ctx)
+	var slow sync.WaitGroup
+	for range 2 {
+		slow.Go(func() { _, _ = pool.Exec(app, "SELECT pg_sleep(30)") })
+	}
+	defer slow.Wait()
+	defer stop()
+	require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 2 }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, l.Release(ctx))
+	require.Equal(t, int32(2), count(`SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'active' AND query = 'SELECT pg_sleep(30)'`),
+		"the release waited for a query of the application's to end")
+	other, err := pglock.New(direct, quiet, pglock.WithoutListener())
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	taken, err := other.TryAcquire(ctx, "job")
+	require.NoError(t, err, "the key is free")
+	require.NoError(t, taken.Release(ctx))
+}

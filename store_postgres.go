@@ -51,8 +51,9 @@ type Queryer interface {
 // whose db is a *pgxpool.Pool never has a renewal wait for db's connections behind the
 // application: when db has no idle connection, it renews through a pool of its own of
 // one or two connections, made from db's configuration when the Client first holds a
-// lock, one of them kept open, all closed by Client.Close. On a *pgx.Conn or a pgx.Tx,
-// renewals go through db.
+// lock, one of them kept open, all closed by Client.Close; a release takes that
+// connection when db has none idle and it is idle. On a *pgx.Conn or a pgx.Tx,
+// renewals and releases go through db.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
@@ -130,12 +131,8 @@ func (r *renewals) warm() {
 // connection of its own to start or to come back from another renewal, never for the
 // application.
 func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
-	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {
-		for _, c := range idle[1:] {
-			c.Release()
-		}
-		defer idle[0].Release()
-		return f(pgxStore(&pgxCalls{db: idle[0].Conn(), pooled: r.shared.pgx.pooled}))
+	if done, err := onIdle(ctx, r.pool, r.shared, f); done {
+		return err
 	}
 	r.warm()
 	r.mu.Lock()
@@ -145,6 +142,41 @@ func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error
 		store = r.shared
 	}
 	return f(store)
+}
+
+// onIdle calls f with a store on an idle connection of pool, taken at once, and reports
+// whether there was one.
+func onIdle(ctx context.Context, pool *pgxpool.Pool, shared *postgresStore, f func(*postgresStore) error) (bool, error) {
+	idle := pool.AcquireAllIdle(ctx)
+	if len(idle) == 0 {
+		return false, nil
+	}
+	for _, c := range idle[1:] {
+		c.Release()
+	}
+	defer idle[0].Release()
+	return true, f(pgxStore(&pgxCalls{db: idle[0].Conn(), pooled: shared.pgx.pooled}))
+}
+
+// Release hands a lock back through the application's pool, as any call, unless the
+// pool has no idle connection and the renewals' own pool has one: then on that one, so
+// that a release does not wait behind the application's use of the pool (while it
+// waits, the key stays held from everyone). It never waits for a renewal's connection.
+func (r *renewals) Release(ctx context.Context, key, owner string) (ok bool, err error) {
+	if r.pool.Stat().IdleConns() == 0 {
+		r.mu.Lock()
+		own := r.own
+		r.mu.Unlock()
+		if own != nil {
+			if done, err := onIdle(ctx, own, r.shared, func(s *postgresStore) (err error) {
+				ok, err = s.Release(ctx, key, owner)
+				return err
+			}); done {
+				return ok, err
+			}
+		}
+	}
+	return r.shared.Release(ctx, key, owner)
 }
 
 func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {

@@ -424,6 +424,11 @@ func (w watchedRenewals) Renew(ctx context.Context, key, owner string, ttl time.
 	return w.r.Renew(ctx, key, owner, ttl)
 }
 
+func (w watchedRenewals) Release(ctx context.Context, key, owner string) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
+	return w.r.Release(ctx, key, owner)
+}
+
 func (w watchedRenewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
 	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
 	return w.r.RenewMany(ctx, keys, owners, ttl)
