@@ -112,12 +112,15 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 	if cfg.noListen {
 		cfg.listen = nil
 	}
+	c.renewals = newRenewals(raw)
 	c.handBacks = newHandBacks(store, cfg.logger)
+	if c.renewals.active() {
+		c.handBacks.many = watchedRenewals{c.renewals, c.health.calls}.releaseMany
+	}
 	c.listener = newListener(cfg.listen, store, cfg.logger, c.connectionsBack)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
 	c.registry = newRegistry(store, cfg.logger, cfg.instance)
 	c.onClose(c.listener.close)
-	c.renewals = newRenewals(raw)
 	c.renewer = renewer.New(renewer.Config{
 		Store: c.renewerStore(store),
 		Now:   cfg.clock.Now,
@@ -374,11 +377,14 @@ const maxHandBackPause = 2 * time.Second
 // the last ones later than their ttl); each (key, owner) is pending once,
 // at most maxHandBacks of them, each released up to 1+len(handBackRetries) times while
 // nothing is found; a failed call pauses them all (doubling up to maxHandBackPause),
-// so that an unreachable store sees about one connection attempt per pause. Close gives
+// so that an unreachable store sees about one connection attempt per pause. On a
+// *pgxpool.Pool, the calls go as renewals do (renewals.releaseMany), never behind the
+// application's use of the pool. Close gives
 // each one last release at once and waits (a failed call then drops the rest, which
 // expire after their ttl); when Close's ctx ends first, the call in flight is cancelled.
 type handBacks struct {
 	store  Store
+	many   func(ctx context.Context, keys, owners []string) ([]int, error) // else the store's releaseMany
 	logger *slog.Logger
 	ctx    context.Context // the release calls'; cancelled when Close stops waiting
 	cancel context.CancelFunc
@@ -446,12 +452,16 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 // released.
 func (h *handBacks) release(ctx context.Context, ids []handBackID) (map[handBackID]bool, error) {
 	released := make(map[handBackID]bool, len(ids))
-	if b, ok := h.store.(backend); ok {
+	many := h.many
+	if b, ok := h.store.(backend); ok && many == nil {
+		many = b.releaseMany
+	}
+	if many != nil {
 		keys, owners := make([]string, len(ids)), make([]string, len(ids))
 		for i, id := range ids {
 			keys[i], owners[i] = id.key, id.owner
 		}
-		is, err := b.releaseMany(ctx, keys, owners)
+		is, err := many(ctx, keys, owners)
 		for _, i := range is {
 			released[ids[i]] = true
 		}

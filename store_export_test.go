@@ -46,3 +46,18 @@ func StoreReleaseMany(ctx context.Context, s Store, keys, owners []string) ([]in
 	}
 	return b.releaseMany(ctx, keys, owners)
 }
+
+// OwnIdleConns returns how many connections of c's own pool for renewals and releases
+// are idle: 0 before the pool is made.
+func OwnIdleConns(c *Client) int32 {
+	c.renewals.mu.Lock()
+	own := c.renewals.own
+	c.renewals.mu.Unlock()
+	if own == nil {
+		return 0
+	}
+	return own.Stat().IdleConns()
+}
+
+// UndoAcquire hands key back for owner, as c does for an acquisition abandoned in flight.
+func UndoAcquire(c *Client, key, owner string, ttl time.Duration) { c.undoAcquire(key, owner, ttl) }

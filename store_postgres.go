@@ -179,6 +179,19 @@ func (r *renewals) Release(ctx context.Context, key, owner string) (ok bool, err
 	return r.shared.Release(ctx, key, owner)
 }
 
+// releaseMany makes a hand-back's call (handBacks) as a renewal is made: on an idle
+// connection of the application's pool, else on the own pool's, never behind the
+// application's use of its pool. A hand-back must land before its grant expires; in a
+// torture run, one waited 437 ms for a connection of a pool that the worker's open
+// fenced transactions filled, and landed after the expiry.
+func (r *renewals) releaseMany(ctx context.Context, keys, owners []string) (released []int, err error) {
+	err = r.with(ctx, func(s *postgresStore) (err error) {
+		released, err = s.releaseMany(ctx, keys, owners)
+		return err
+	})
+	return released, err
+}
+
 func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Renew(ctx, key, owner, ttl)

@@ -429,6 +429,11 @@ func (w watchedRenewals) Release(ctx context.Context, key, owner string) (_ bool
 	return w.r.Release(ctx, key, owner)
 }
 
+func (w watchedRenewals) releaseMany(ctx context.Context, keys, owners []string) (_ []int, err error) {
+	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
+	return w.r.releaseMany(ctx, keys, owners)
+}
+
 func (w watchedRenewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
 	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
 	return w.r.RenewMany(ctx, keys, owners, ttl)
