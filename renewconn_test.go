@@ -56,10 +56,10 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 				return n
 			}
 
-			// The client's own connection for renewals, opened when it first held a lock,
-			// is up before the application fills its pool (on a loaded machine, starting a
+			// The client's own connections for renewals, opened when it first held a lock,
+			// are up before the application fills its pool (on a loaded machine, starting a
 			// connection can take longer than this ttl).
-			require.Eventually(t, func() bool { return backends() > pool.Stat().TotalConns() }, 10*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond)
 
 			lostAt := make(chan time.Time, 1)
 			context.AfterFunc(l.Context(), func() { lostAt <- time.Now() })
@@ -131,8 +131,8 @@ func TestReleasesNeverWaitBehindTheApplicationsPool(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close(context.Background()) })
 			direct := pglocktest.Pool(t, url, 1)
 			release := tc.hold(t, c, direct)
-			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 1 }, 10*time.Second, 5*time.Millisecond,
-				"pglock's own connection, opened when the client first held a lock")
+			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond,
+				"pglock's own connections, opened when the client first held a lock")
 
 			app, stop := context.WithCancel(ctx)
 			var slow sync.WaitGroup

@@ -50,9 +50,9 @@ type Queryer interface {
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store. A Client on a store
 // whose db is a *pgxpool.Pool never has a renewal wait for db's connections behind the
 // application: when db has no idle connection, it renews through a pool of its own of
-// one or two connections, made from db's configuration when the Client first holds a
-// lock, one of them kept open, all closed by Client.Close; a release takes that
-// connection when db has none idle and it is idle. On a *pgx.Conn or a pgx.Tx,
+// two connections, made from db's configuration when the Client first holds a lock,
+// both kept open, closed by Client.Close; a release takes one of them when db has none
+// idle and it is idle, and so does a hand-back (an acquisition abandoned in flight). On a *pgx.Conn or a pgx.Tx,
 // renewals and releases go through db.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
@@ -67,9 +67,12 @@ func pgxStore(calls *pgxCalls) *postgresStore {
 	return s
 }
 
-// renewalConns is how many connections a Client's own pool for renewals opens at most:
-// the renewer makes one call per ttl group, side by side; a second connection keeps
-// another group going while one call waits (on a row lock, on a link gone silent).
+// renewalConns is how many connections a Client's own pool for renewals opens and keeps:
+// the renewer makes one call per ttl group, side by side, and a hand-back may be in
+// flight; a second connection keeps another group going while one call waits (on a row
+// lock, on a link gone silent). Both are kept open: with one, two groups due together
+// made the second wait for a connection to start, over a second on a loaded machine (a
+// lock of 1.5 s lost so, in a fresh-clone CI run).
 const renewalConns = 2
 
 // renewals is the way a Client's renewer reaches the store. On the pgx store on a
@@ -79,8 +82,8 @@ const renewalConns = 2
 // pool at once if there is one (a backend that knows pglock's functions already), and
 // otherwise goes through a pool of the client's own, of up to renewalConns connections,
 // made from a copy of the pool's configuration (its hooks, its tracer, PgBouncer or not)
-// when the client first holds a lock (warm). The own pool opens one connection then, in
-// the background, and keeps it: a renewal waits neither for the application nor for a
+// when the client first holds a lock (warm). The own pool opens its connections then, in
+// the background, and keeps them: a renewal waits neither for the application nor for a
 // connection to start (a struggling server, or one out of connections, starts new ones
 // slowly or not at all). Any other store is the renewer's as it is.
 type renewals struct {
@@ -104,7 +107,7 @@ func newRenewals(store Store) *renewals {
 		return &renewals{}
 	}
 	cfg := pool.Config()
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = renewalConns, 1, 0
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = renewalConns, renewalConns, 0
 	return &renewals{shared: s, pool: pool, cfg: cfg}
 }
 

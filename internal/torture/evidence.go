@@ -284,10 +284,16 @@ func (c *checker) renewalAt(worker string, t time.Time) bool {
 // ghostVerdict weighs the evidence on a ghost lease l that expired: what the client's
 // hand-back did, and whether the machine kept it from handing l back.
 func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
-	var calls []string
+	var calls, acquisitions []string
 	for _, r := range c.calls[l.worker] {
-		if (r.Reason == "lock_release_async" || r.Reason == "sem_release" || r.Reason == "lock_release_many") && callHas(r, l.key, l.owner) && sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
-			calls = append(calls, describeCall(r))
+		switch {
+		case !callHas(r, l.key, l.owner):
+		case r.Reason == "lock_release_async" || r.Reason == "sem_release" || r.Reason == "lock_release_many":
+			if sent(r).Before(l.expires.Add(c.h.Config.TTL)) {
+				calls = append(calls, describeCall(r))
+			}
+		default: // the acquisition that drew the owner
+			acquisitions = append(acquisitions, describeCall(r))
 		}
 	}
 	acquire := "lock_acquire"
@@ -296,6 +302,9 @@ func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 	}
 	down, who := c.machineDown(l.worker, acquire, l.start, l.expires, c.slowConnects(l.worker)...)
 	why = "granted at " + stamp(l.start) + ", expired at " + stamp(l.expires) + "; " + who
+	if len(acquisitions) > 0 { // when the client could have learned of the grant
+		why += "; the acquisition: " + strings.Join(acquisitions, "; ")
+	}
 	if len(calls) == 0 {
 		why += "; no hand-back was sent"
 	} else {
