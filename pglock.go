@@ -637,15 +637,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 func (c *Client) releaseDetached(ctx context.Context, key, owner string) (released, unsure bool, err error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	release := c.store.Release
-	if c.renewals.active() {
-		release = watchedRenewals{c.renewals, c.health.calls}.Release
-	}
-	ok, err := release(ctx, key, owner)
+	ok, err := c.store.Release(ctx, key, owner)
 	if err == nil || ctx.Err() != nil {
 		return ok, false, err
 	}
-	if ok, err = release(ctx, key, owner); err != nil {
+	if ok, err = c.store.Release(ctx, key, owner); err != nil {
 		return false, false, err
 	}
 	return ok, !ok, nil

@@ -91,70 +91,48 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 	}
 }
 
-// A release does not queue for the application's pool either, nor does a hand-back (of
-// what an acquisition abandoned in flight was granted): with every connection of the
-// pool busy (here for 30 s), each hands the key back on pglock's own idle connection,
-// and another client takes the key while the application's queries still run. Renewals
-// are stopped (a manual clock), so the own connection is idle when the release comes;
-// the test waits for pglock's pool to have it idle, not only for its backend to exist.
-func TestReleasesNeverWaitBehindTheApplicationsPool(t *testing.T) {
+// A hand-back (of what an acquisition abandoned in flight was granted) does not queue for
+// the application's pool: with every connection of the pool busy (here for 30 s), it
+// hands the key back on pglock's own connection, and another client takes the key while
+// the application's queries still run. Renewals are stopped (a manual clock), so the own
+// connections are idle; the test waits for pglock's pool to hold them idle, not only for
+// their backends to exist.
+func TestHandBacksNeverWaitBehindTheApplicationsPool(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		// hold gives the key to an owner; release hands it back, on the full pool.
-		hold func(t *testing.T, c *pglock.Client, direct *pgxpool.Pool) (release func() error)
-	}{
-		{"Release", func(t *testing.T, c *pglock.Client, _ *pgxpool.Pool) func() error {
-			l, err := c.TryAcquire(t.Context(), "job", pglock.TTL(time.Minute))
-			require.NoError(t, err)
-			return func() error { return l.Release(t.Context()) }
-		}},
-		{"HandBack", func(t *testing.T, c *pglock.Client, direct *pgxpool.Pool) func() error {
-			_, err := c.TryAcquire(t.Context(), "warm", pglock.TTL(time.Minute)) // the own pool is made
-			require.NoError(t, err)
-			var token *int64
-			require.NoError(t, direct.QueryRow(t.Context(), `SELECT pglock.lock_acquire('job', 'nobody', 60000)`).Scan(&token))
-			require.NotNil(t, token, "granted to an owner nobody knows")
-			return func() error {
-				pglock.UndoAcquire(c, "job", "nobody", time.Minute)
-				return nil
-			}
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			url := pglocktest.PostgresURL(t)
-			pool := pglocktest.Pool(t, url, 2)
-			c, err := pglock.New(pool, quiet, pglock.WithoutListener(), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = c.Close(context.Background()) })
-			direct := pglocktest.Pool(t, url, 1)
-			release := tc.hold(t, c, direct)
-			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond,
-				"pglock's own connections, opened when the client first held a lock")
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, url, 2)
+	c, err := pglock.New(pool, quiet, pglock.WithoutListener(), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	_, err = c.TryAcquire(ctx, "warm", pglock.TTL(time.Minute)) // the own pool is made
+	require.NoError(t, err)
+	direct := pglocktest.Pool(t, url, 1)
+	var token *int64
+	require.NoError(t, direct.QueryRow(ctx, `SELECT pglock.lock_acquire('job', 'nobody', 60000)`).Scan(&token))
+	require.NotNil(t, token, "granted to an owner nobody knows")
+	require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond,
+		"pglock's own connections, opened when the client first held a lock")
 
-			app, stop := context.WithCancel(ctx)
-			var slow sync.WaitGroup
-			for range 2 {
-				slow.Go(func() { _, _ = pool.Exec(app, "SELECT pg_sleep(30)") })
-			}
-			defer slow.Wait()
-			defer stop()
-			require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 2 }, 5*time.Second, time.Millisecond)
-
-			require.NoError(t, release())
-			other, err := pglock.New(direct, quiet, pglock.WithoutListener())
-			require.NoError(t, err)
-			defer other.Close(context.Background())
-			require.Eventually(t, func() bool {
-				l, err := other.TryAcquire(ctx, "job")
-				return err == nil && l.Release(ctx) == nil
-			}, 5*time.Second, 10*time.Millisecond, "the key is not free")
-			var sleeping int32
-			require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'active' AND query = 'SELECT pg_sleep(30)'`).Scan(&sleeping))
-			require.Equal(t, int32(2), sleeping, "the key was handed back after a query of the application's ended")
-		})
+	app, stop := context.WithCancel(ctx)
+	var slow sync.WaitGroup
+	for range 2 {
+		slow.Go(func() { _, _ = pool.Exec(app, "SELECT pg_sleep(30)") })
 	}
+	defer slow.Wait()
+	defer stop()
+	require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 2 }, 5*time.Second, time.Millisecond)
+
+	pglock.UndoAcquire(c, "job", "nobody", time.Minute)
+	other, err := pglock.New(direct, quiet, pglock.WithoutListener())
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	require.Eventually(t, func() bool {
+		l, err := other.TryAcquire(ctx, "job")
+		return err == nil && l.Release(ctx) == nil
+	}, 5*time.Second, 10*time.Millisecond, "the key is not free")
+	var sleeping int32
+	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'active' AND query = 'SELECT pg_sleep(30)'`).Scan(&sleeping))
+	require.Equal(t, int32(2), sleeping, "the key was handed back after a query of the application's ended")
 }
