@@ -81,8 +81,10 @@ func TestTheJobMovesToAnotherInstanceTTLAfterItsOwnerDies(t *testing.T) {
 	w := newWorld(t)
 	// The crashed instance's clock stands still: it never renews, as if its process died.
 	stopped := pglocktest.NewManualClock(time.Now())
-	crashed := w.start(t, "crashed", pglock.WithClock(stopped), pglock.TTL(time.Second))
-	t.Cleanup(func() { stopped.Advance(time.Second) }) // before its Close: it finds its locks lost
+	// Its ttl of 3 s outlasts the survivor's two runs below (over 1 s under load in a
+	// fresh-clone CI run, when it was 1 s).
+	crashed := w.start(t, "crashed", pglock.WithClock(stopped), pglock.TTL(3*time.Second))
+	t.Cleanup(func() { stopped.Advance(3 * time.Second) }) // before its Close: it finds its locks lost
 	// The survivor has the default ttl: with a ttl of 1 s, a loaded machine could make
 	// its tick skip (the store's confirmation came after 0.9 s).
 	survivor := w.start(t, "survivor")
@@ -97,7 +99,12 @@ func TestTheJobMovesToAnotherInstanceTTLAfterItsOwnerDies(t *testing.T) {
 	require.NoError(t, survivor.shop.InvoiceExport().Run(ctx)) // the lease is still the crashed instance's
 	require.Len(t, w.accounting.Batches(), 1)
 
-	time.Sleep(1200 * time.Millisecond) // database time: the crashed instance's lease expires
+	require.Eventually(t, func() bool { // database time: the crashed instance's lease expires
+		var live bool
+		err := w.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pglock.locks
+			WHERE key = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp())`, shop.InvoiceExportKey+":owner").Scan(&live)
+		return err == nil && !live
+	}, 10*time.Second, 20*time.Millisecond, "the crashed instance's lease never expired")
 	require.NoError(t, survivor.shop.InvoiceExport().Run(ctx))
 	require.Equal(t, [][]string{firstNight, {"ord_1005"}}, w.accounting.Batches())
 	require.Equal(t, 1, w.logs.count("pglock: job runs on this instance", "instance=survivor", "key="+shop.InvoiceExportKey))
