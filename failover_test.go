@@ -354,7 +354,11 @@ func TestFailoverAsynchronousLeaderAndJobMove(t *testing.T) {
 	}
 	var lle *pglock.LockLostError
 	require.True(t, errors.As(context.Cause(lostTerm.Context()), &lle), "cause %v", context.Cause(lostTerm.Context()))
-	require.Equal(t, pglock.ReasonRefused, lle.Reason)
+	// Refused: a renewal reached the new primary and found the term gone. Expired: the
+	// kill and the promotion took the renewals' whole margin (under load in a fresh-clone
+	// CI run, the term expired 556 ms after the promotion). Either way a heard of it, in
+	// the bound below.
+	require.Contains(t, []pglock.Reason{pglock.ReasonRefused, pglock.ReasonExpired}, lle.Reason)
 	// a's client makes no call of its own on the new primary before its next renewal:
 	// that renewal, a third of the ttl after the last one, finds the term lost, or its
 	// retry a tenth of the ttl later when it meets a connection to the dead primary.
