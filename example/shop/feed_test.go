@@ -61,7 +61,10 @@ func TestWarehouseFeedPausedLeaderStaysConnectedUntilItsRenewalIsRefused(t *test
 	require.NoError(t, paused.shop.Start())
 	require.Eventually(t, func() bool { return paused.shop.LeadsWarehouseFeed() && w.warehouse.Connections() == 1 },
 		10*time.Second, 5*time.Millisecond)
-	others := []*instance{w.start(t, "b", pglock.TTL(time.Second)), w.start(t, "c", pglock.TTL(time.Second))}
+	// The others' ttl of 3 s keeps the new leader's lease through the checks below on a
+	// loaded machine (at 1 s, it was no longer held right after it connected, in a
+	// fresh-clone CI run).
+	others := []*instance{w.start(t, "b", pglock.TTL(3*time.Second)), w.start(t, "c", pglock.TTL(3*time.Second))}
 	for _, o := range others {
 		require.NoError(t, o.shop.Start())
 	}
