@@ -92,8 +92,7 @@ type renewals struct {
 	cfg    *pgxpool.Config // the own pool's; nil: renewals go through the store as it is
 
 	mu     sync.Mutex
-	own    *pgxpool.Pool  // nil until warm
-	store  *postgresStore // on own
+	own    *pgxpool.Pool // nil until warm
 	closed bool
 }
 
@@ -125,14 +124,14 @@ func (r *renewals) warm() {
 		return
 	}
 	if own, err := pgxpool.NewWithConfig(context.Background(), r.cfg); err == nil { // a copy of a working pool's configuration: no error seen
-		r.own, r.store = own, pgxStore(&pgxCalls{db: own, pooled: new(atomic.Bool)})
+		r.own = own
 	}
 }
 
 // with calls f with a store for one renewal call: one on an idle connection of the
-// application's pool, taken at once; else the own pool's, where the call may wait for a
-// connection of its own to start or to come back from another renewal, never for the
-// application.
+// application's pool, taken at once; else on the first connection that the own pool or
+// the application's hands out (firstConn): the call may wait for a connection of its
+// own to start or to come back from another renewal, never behind the application.
 func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
 	var conn *pgxpool.Conn
 	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {

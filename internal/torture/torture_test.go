@@ -640,6 +640,29 @@ func TestCheckerOneLeasePerTransaction(t *testing.T) {
 // the controller (the link) did not run, or the server's commit waited for the WAL
 // flush, for most of the time in which the renewal, or the hand-back, was due. A renewal that waited for a pool connection, or on a row lock,
 // is pglock's, stalls or not.
+// A hand-back answered before its grant expired, then lost with the server that a
+// restart or failover killed soon after (a release commits asynchronously), is the
+// crash's doing: excused. A kill long after the answer, or no answer, excuses nothing.
+func TestCheckerExcusesAHandBackTheServerLost(t *testing.T) {
+	t.Parallel()
+	ghost := func(answered, killed int) *History {
+		h := paths(baseline())
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Token == 30 && l.Owner == "" })
+		h.Records = append(h.Records, Record{Worker: "w2.1", Type: typeEvent, F: fCall, Reason: "lock_release_many",
+			Keys: []string{"probe/w2.1"}, Owners: []string{"w2.1/p"}, Start: at(answered - 20), Local: at(answered)})
+		h.Faults = append(h.Faults, Fault{Kind: faultRestart, Start: at(killed), End: at(killed + 500)})
+		return h
+	}
+	r := check(ghost(8120, 9100)) // killed after the expiry (9000), 980 ms after the answer
+	require.False(t, r.Failed(), "%v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsExcused)
+
+	r = check(ghost(8120, 8120+int(asyncReleaseLoss/time.Millisecond)+500))
+	require.Equal(t, 1, r.Violations[invGhost], "killed long after the answer: %v", r.Details)
+	r = check(ghost(9050, 9100))
+	require.Equal(t, 1, r.Violations[invGhost], "answered after the expiry: %v", r.Details)
+}
+
 func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	t.Parallel()
 	lostRenewals := func() *History { // the old-renewal case: both locks lost at their deadlines
