@@ -26,19 +26,23 @@ func TestFirstConnTakesWhicheverPoolHandsOneOutFirst(t *testing.T) {
 	for _, freed := range []string{"own", "app"} {
 		t.Run(freed, func(t *testing.T) {
 			t.Parallel()
-			ctx := t.Context()
 			own, app := onePool(t), onePool(t)
-			heldOwn, err := own.Acquire(ctx)
+			heldOwn, err := own.Acquire(t.Context())
 			require.NoError(t, err)
-			heldApp, err := app.Acquire(ctx)
+			t.Cleanup(heldOwn.Release) // before the pools close, whatever fails
+			heldApp, err := app.Acquire(t.Context())
 			require.NoError(t, err)
-			got := make(chan *pgxpool.Conn, 1)
+			t.Cleanup(heldApp.Release)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			type result struct {
+				conn *pgxpool.Conn
+				err  error
+			}
+			got := make(chan result, 1)
 			go func() {
 				c, err := firstConn(ctx, own, app)
-				if err != nil {
-					t.Error(err)
-				}
-				got <- c
+				got <- result{c, err}
 			}()
 			free, kept := heldOwn, heldApp
 			if freed == "app" {
@@ -46,14 +50,11 @@ func TestFirstConnTakesWhicheverPoolHandsOneOutFirst(t *testing.T) {
 			}
 			want := free.Conn()
 			free.Release()
-			var c *pgxpool.Conn
-			select {
-			case c = <-got:
-			case <-time.After(10 * time.Second):
-				t.Fatal("firstConn took no connection from the pool that had one")
-			}
-			require.Same(t, want, c.Conn(), "the connection handed back first")
-			c.Release()
+			r := <-got
+			require.NoError(t, r.err, "firstConn took no connection from the pool that had one")
+			defer r.conn.Release()
+			require.Same(t, want, r.conn.Conn(), "the connection handed back first")
+			r.conn.Release()
 			kept.Release()
 			require.Eventually(t, func() bool { return own.Stat().AcquiredConns() == 0 && app.Stat().AcquiredConns() == 0 },
 				5*time.Second, time.Millisecond, "a connection taken and not put back")
