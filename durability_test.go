@@ -121,8 +121,11 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			ctx := t.Context()
 			pool := fencedTxDB(t)
 			store := pglock.NewPostgresStore(pool)
-			c := newClient(t, store, pglock.TTL(2*time.Second))
-			other := newClient(t, store, pglock.TTL(2*time.Second))
+			// At a 2 s ttl, a renewal sent at 0.67 s had 1.3 s to be answered, and took
+			// longer on a loaded CI machine (the lock_timeout check below shows it was not
+			// the fenced row it waited for): 5 s leaves it 3.3 s.
+			c := newClient(t, store, pglock.TTL(5*time.Second))
+			other := newClient(t, store, pglock.TTL(5*time.Second))
 			a, err := c.TryAcquire(ctx, "fenced:a")
 			require.NoError(t, err)
 			b, err := c.TryAcquire(ctx, "fenced:b")
@@ -141,7 +144,7 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 				if _, err := renewal.Exec(ctx, "SET LOCAL lock_timeout = '500ms'"); err != nil {
 					return err
 				}
-				rows, err := renewal.Query(ctx, "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], 2000)",
+				rows, err := renewal.Query(ctx, "SELECT * FROM pglock.lock_renew_many($1::text[], $2::text[], 5000)",
 					[]string{a.Key(), b.Key()}, []string{a.Owner(), b.Owner()})
 				if err != nil {
 					return err
