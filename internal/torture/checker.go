@@ -294,6 +294,19 @@ func (c *checker) stoppedAt(worker string, from, to time.Time) bool {
 	return false
 }
 
+// stoppedForGood reports whether worker was paused at some moment of [from, to] (when
+// it owed a signal) and, once resumed, did not live for the slack (the run's end
+// stopped it): it could not notice anything after that pause. A pause at 59.9 s of a
+// 60 s run, just after a lease's expiry, left a fresh-clone CI run's worker no time.
+func (c *checker) stoppedForGood(worker string, from, to time.Time) bool {
+	for _, f := range c.stops[worker] {
+		if !f.Start.After(to) && !f.End.Before(from) && (f.End.IsZero() || !c.alive(worker, f.End, f.End.Add(c.slack))) {
+			return true
+		}
+	}
+	return false
+}
+
 // faulted reports whether a fault of one of kinds hit worker, or the whole server, at
 // some moment of [from, to].
 func (c *checker) faulted(worker string, from, to time.Time, kinds ...string) bool {
@@ -583,6 +596,9 @@ func (c *checker) signals() {
 			case !ok && watched(key) && !signal[k].IsZero():
 				c.r.violate(invSignal, "%s's lock %q (token %d) was lost (signalled at %s) without its Context being cancelled with a *LockLostError",
 					l.worker, key, l.token, stamp(signal[k]))
+				continue
+			case !ok && c.stoppedForGood(l.worker, e, e.Add(c.slack)):
+				c.r.Stats.PausedHolders++
 				continue
 			case !ok:
 				c.r.violate(invSignal, "%s never noticed that its lease %q (token %d) expired (due by %s)", l.worker, key, l.token, stamp(e))

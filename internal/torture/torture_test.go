@@ -291,6 +291,26 @@ func TestCheckerExcusesPausedHoldersOnly(t *testing.T) {
 	require.Equal(t, 1, r.Stats.PausedHolders)
 }
 
+// A worker paused just after its lease expired, before it noticed, and resumed only
+// as the run ended owes no signal; resumed with time to notice, it does.
+func TestCheckerExcusesAHolderPausedUntilTheEnd(t *testing.T) {
+	t.Parallel()
+	paused := func(from, to int) *History { // k0's token 2 expires at 1310, unreleased
+		h := baseline()
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Key == "k0" && l.Token == 2 && l.Owner == "" })
+		h.Records = slices.DeleteFunc(h.Records, func(r Record) bool { return r.F == fRelease && r.Token == 2 })
+		h.Faults = append(h.Faults, Fault{Kind: faultPause, Target: "w2.1", Start: at(from), End: at(to)})
+		return h
+	}
+	for _, end := range []int{10000, 9950} { // resumed at the end of its life, or 50 ms before it
+		r := check(paused(1350, end))
+		require.False(t, r.Failed(), "resumed at %d: %v", end, r.Details)
+		require.Equal(t, 1, r.Stats.PausedHolders)
+	}
+	r := check(paused(1350, 2000))
+	require.Equal(t, 1, r.Violations[invSignal], "resumed with 8 s to notice: %v", r.Details)
+}
+
 // An acquisition whose reply arrives after the lease expired (a partition held it)
 // owes its signal at once, not by an expiry the client could not know of.
 func TestCheckerOwesNoSignalBeforeTheClientKnows(t *testing.T) {
