@@ -198,7 +198,9 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 	clock := pglocktest.NewManualClock(time.Now())
 	const ttl = 200 * time.Millisecond // A does nothing while it holds the lock
 	a := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock))
-	b := newClient(t, store, pglock.TTL(time.Second))
+	// B's 5 s ttl: its TryAcquire must be confirmed within nine tenths of it, which a
+	// loaded machine can make last over a second.
+	b := newClient(t, store, pglock.TTL(5*time.Second))
 
 	inside := make(chan *pglock.Lock)
 	result := make(chan error)

@@ -58,7 +58,10 @@ func TestFencedTxOpenPastTheTTLCostsNoLockItsRenewal(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	c := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Second))
+	// A renewal sent at a third of the ttl must be answered before the lock's deadline:
+	// at 1 s, that left 0.57 s, too little on a loaded machine; 5 s leaves 2.8 s. The test
+	// waits out the first ttl.
+	c := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(5*time.Second))
 	a, err := c.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 	b, err := c.TryAcquire(ctx, "fenced:b")
@@ -92,8 +95,11 @@ func TestFencedTxOpenRefusesEveryTakeoverUntilItEnds(t *testing.T) {
 	ctx := t.Context()
 	pool := fencedTxDB(t)
 	store := pglock.NewPostgresStore(pool)
-	holder := newClient(t, store, pglock.TTL(time.Second))
-	other := newClient(t, store, pglock.TTL(time.Second))
+	// The holder's renewals must be answered before its deadline, the other's last
+	// acquisition within nine tenths of its ttl: 5 s leaves a loaded machine 2.8 s for
+	// a renewal (0.57 s at 1 s). The test waits out the holder's first ttl.
+	holder := newClient(t, store, pglock.TTL(5*time.Second))
+	other := newClient(t, store, pglock.TTL(5*time.Second))
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 	expires := expiresAt(t, pool, a.Key())
@@ -183,9 +189,10 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	// A ttl of 1 s: the first write must come while the lease is live on the database
-	// clock, which 300 ms did not leave room for on a loaded machine.
-	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Second),
+	// A ttl of 3 s: the first write must come while the lease is live on the database
+	// clock, which 300 ms did not leave room for on a loaded machine, nor 1 s for a stall
+	// of a second or two. The test waits it out.
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(3*time.Second),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews: a paused holder
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
@@ -197,7 +204,7 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, written, "the live holder writes")
 
-	require.Eventually(t, func() bool { return len(liveKeys(t, pool)) == 0 }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(liveKeys(t, pool)) == 0 }, 10*time.Second, 10*time.Millisecond,
 		"the lease expires on the database clock")
 	written, err = fencedWrite(ctx, tx, a.Key(), a.Token(), 6)
 	require.NoError(t, err)

@@ -44,7 +44,9 @@ func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts
 	store := pglock.NewPostgresStore(pool)
 	s := &shop{pool: pool, clockA: pglocktest.NewManualClock(time.Now())}
 	s.a = newClient(t, store, pglock.TTL(pausedTTL), pglock.WithClock(s.clockA))
-	s.b = newClient(t, store, pglock.TTL(time.Second))
+	// B's acquisition must be confirmed within nine tenths of its ttl, and its lock held
+	// when it writes: 5 s, as a loaded machine may answer over a second late.
+	s.b = newClient(t, store, pglock.TTL(5*time.Second))
 
 	s.lockA, err = s.a.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)

@@ -233,7 +233,10 @@ func TestGocronElectorLeavesItsLeaseToExpireWhileAPlainRunMayGoOn(t *testing.T) 
 	a, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
-	const ttl = 2 * time.Second
+	// After A's Close, its lease lives two thirds of the ttl at least on the database
+	// clock, and B's first look must come in that time: 3 s, which the test waits out,
+	// leaves a loaded machine 2 s for it (1.3 s at 2 s).
+	const ttl = 3 * time.Second
 	electorA, err := a.GocronElector("shop:feed", pglock.TTL(ttl))
 	require.NoError(t, err)
 	electorB, err := b.GocronElector("shop:feed", pglock.TTL(ttl))

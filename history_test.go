@@ -56,6 +56,10 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 	var mu sync.Mutex
 	var tokens []int64
 	outcome := make(chan pglock.Outcome, 1)
+	// At 300 ms, a run's first acquisition was answered past its ttl under load, and at
+	// 1 s a renewal had 0.57 s; 5 s leaves a loaded machine seconds for both. The lost
+	// run waits ttl/3 for its next renewal.
+	const runTTL = 5 * time.Second
 	j, err := c.Job(job, func(ctx context.Context) error {
 		l, _ := pglock.FromContext(ctx)
 		mu.Lock()
@@ -83,7 +87,7 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 			}
 		}
 		return nil
-	}, pglock.WithoutOverlapping(), pglock.TTL(time.Second)) // at 300 ms, a run's first acquisition answered past its ttl under load
+	}, pglock.WithoutOverlapping(), pglock.TTL(runTTL))
 	require.NoError(t, err)
 
 	before := dbNow(t, pool)

@@ -215,15 +215,17 @@ func TestLocksShowsAWaiter(t *testing.T) {
 // The proof an operator needs before breaking a lock: a holder that is paused (it
 // holds the lock and has not written yet) is broken; the next holder gets a greater
 // token; the paused holder's late fenced writes write nothing, and its ctx is
-// cancelled at its next renewal. Real database time, ttl 2 s (at 600 ms, the holder
-// lost its lease to a late renewal before the break, on a loaded machine).
+// cancelled at its next renewal. Real database time, ttl 5 s (at 600 ms, the holder
+// lost its lease to a late renewal before the break, on a loaded machine; at 2 s, a
+// renewal had 1.1 s, and one answered later would lose the lock as expired, not
+// refused). The test waits ttl/3 at most for the broken holder's renewal.
 func TestForceReleaseBreaksAPausedHolder(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
 	_, err := pool.Exec(ctx, `ALTER TABLE stock ADD COLUMN token bigint NOT NULL DEFAULT 0`)
 	require.NoError(t, err)
-	const ttl = 2 * time.Second
+	const ttl = 5 * time.Second
 	key := t.Name()
 	paused := newPoolClient(t, pool, pglock.TTL(ttl), pglock.WithInstanceName("paused"))
 	next := newPoolClient(t, pool, pglock.TTL(ttl))

@@ -269,12 +269,17 @@ func TestOnOneInstanceMovesTheJobAfterTTLWhenItsOwnerDies(t *testing.T) {
 	var logs testkit.LogBuffer
 	var events eventLog
 	// The crashed instance's clock stands still: it never renews, as if its process died.
-	// Its lease must outlive the three runs and the insert below.
+	// Its lease must outlive the three runs and the insert below, on the database clock:
+	// a ttl of 3 s, which the test then waits out (at 1 s, a loaded machine could take
+	// longer than that over them).
+	const crashedTTL = 3 * time.Second
 	stopped := pglocktest.NewManualClock(time.Now())
 	crashed := shop.start(t, "crashed", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()},
-		pglock.WithClock(stopped), pglock.TTL(time.Second))
-	t.Cleanup(func() { stopped.Advance(time.Second) }) // before its Close: it finds its lease lost
-	survivor := shop.start(t, "survivor", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()}, pglock.TTL(time.Second))
+		pglock.WithClock(stopped), pglock.TTL(crashedTTL))
+	t.Cleanup(func() { stopped.Advance(crashedTTL) }) // before its Close: it finds its lease lost
+	// The survivor has the default ttl: with a ttl of 1 s, a loaded machine could make
+	// its last tick skip (the store's confirmation came after 0.9 s).
+	survivor := shop.start(t, "survivor", &logs, &events, []pglock.JobOption{pglock.OnOneInstance()})
 
 	require.NoError(t, crashed.export.Run(ctx))
 	require.NoError(t, survivor.export.Run(ctx))

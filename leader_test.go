@@ -73,10 +73,12 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	events := make([]eventLog, 3)
 	// The first leader's lease outlives every wait of the test, so that another instance
 	// leading before the test ends can only be the hand-back, never the expiry, however
-	// slow the machine. The others, on a ttl of a second, campaign every ttl/3.
-	const leaderTTL = time.Minute
+	// slow the machine. The others, on a ttl of 5 s, campaign every ttl/3; the one that
+	// takes over must keep its lease through the checks after the hand-over, which at
+	// 1 s a renewal answered late on a loaded machine could end.
+	const leaderTTL, othersTTL = time.Minute, 5 * time.Second
 	for i := range clients {
-		ttl := time.Second
+		ttl := othersTTL
 		if i == 0 {
 			ttl = leaderTTL
 		}
@@ -93,8 +95,8 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	// The others campaign every ttl/3 and lose: one connection to the feed.
-	require.Never(t, func() bool { return len(f.acquired) > 0 }, 800*time.Millisecond, 20*time.Millisecond)
+	// The others campaign at once and again ttl/3 later, and lose: one connection to the feed.
+	require.Never(t, func() bool { return len(f.acquired) > 0 }, othersTTL/3+300*time.Millisecond, 20*time.Millisecond)
 	require.True(t, elections[0].IsLeader())
 	for i, e := range elections {
 		h, err := e.Leader(ctx)
@@ -146,7 +148,10 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	old := receive(t, f.acquired, "leader")
 	elections := []*pglock.Election{ea}
 	for i := 1; i < 3; i++ {
-		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
+		// The new leader must keep its lease to the end of the test: a ttl of 5 s, so that
+		// a renewal answered late on a loaded machine does not end it (at 1 s, one had
+		// 0.57 s). It takes over at its first campaign after the expiry, ttl/3 at most.
+		c := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(5*time.Second))
 		e, err := c.Elect(feedKey, f.leader(i))
 		require.NoError(t, err)
 		elections = append(elections, e)
@@ -290,7 +295,10 @@ func TestRapidHandoversNeverOverlap(t *testing.T) {
 	clients := make([]*pglock.Client, instances)
 	elections := make([]*pglock.Election, instances)
 	for i := range clients {
-		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
+		// Every term must end by its Resign, not by a renewal answered late on a loaded
+		// machine, and its lease be live when OnAcquired reads the table: a ttl of 5 s.
+		// The handovers do not wait for it: a Resign's release wakes the others.
+		clients[i] = newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(5*time.Second))
 		var err error
 		elections[i], err = clients[i].Elect(feedKey, leader(i))
 		require.NoError(t, err)
@@ -317,7 +325,11 @@ func TestResignHandsOverAndWaitsBoundedByCtx(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	url := pglocktest.PostgresURL(t)
-	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
+	// A's lease must last until its Resign hands it back (its OnLost checks it is held):
+	// a ttl of 5 s, so that a renewal answered late on a loaded machine does not end it.
+	// B keeps 1 s: it polls every ttl/3, should the release's wake-up not reach it, well
+	// within the second it is given to take over.
+	a := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(5*time.Second))
 	b := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.TTL(time.Second))
 	finish := make(chan struct{})
 	var order []string

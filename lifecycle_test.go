@@ -69,7 +69,10 @@ func TestCloseWaitsForWithLockBeforeHandingTheKeyBack(t *testing.T) {
 func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	t.Parallel()
 	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	const ttl = time.Second
+	// Once Close gives up, the lease lives at least two thirds of the ttl more on the
+	// database clock, and both of B's refusals below must come in that time: 3 s, which
+	// the test then waits out (at 1 s, a loaded machine's stall of 0.7 s could let B in).
+	const ttl = 3 * time.Second
 	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
@@ -272,7 +275,10 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
 	require.NoError(t, err)
-	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(time.Second), // its write must come while it holds
+	// Its write must come while it holds, on the database clock: a ttl of 3 s, which the
+	// test then waits out (at 1 s, a loaded machine's stall between the acquisition and
+	// the write would leave the write nothing to lock).
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(3*time.Second),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
 	l, err := paused.TryAcquire(t.Context(), "doc:1")
 	require.NoError(t, err)
@@ -281,8 +287,9 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	q, args, err := pglock.FenceHeld("UPDATE docs SET body = 'x' WHERE id = $1", "doc:1", l.Token(), 1)
 	require.NoError(t, err)
-	_, err = tx.Exec(t.Context(), q, args...)
+	tag, err := tx.Exec(t.Context(), q, args...)
 	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "the write came after the lease's end: it locks no row")
 	awaitExpiry(t, pool, "doc:1") // its row stays locked
 
 	cfg, err := pgxpool.ParseConfig(url)
@@ -362,7 +369,9 @@ func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	clock := pglocktest.NewManualClock(time.Now())
-	const ttl = time.Second
+	// The database keeps an unreturned grant for the whole ttl: at 10 s, only the
+	// hand-back frees the key within the 5 s B is given (at 1 s, the expiry did as well).
+	const ttl = 10 * time.Second
 	late := &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl - ttl/10}
 	a := newClient(t, late, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	b := newClient(t, pglock.NewPostgresStore(pool), quiet)
@@ -431,8 +440,12 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	// Its one connection is up before the acquisition, which must be confirmed within
+	// nine tenths of the ttl on the real clock: 3 s, which the holder's pause then waits
+	// out (at 1 s, a loaded machine can answer later than that).
+	require.NoError(t, pool.Ping(t.Context()))
 	direct := pglocktest.Pool(t, url, 2)
-	const ttl = time.Second
+	const ttl = 3 * time.Second
 	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
 	ran := false
 	err = c.WithLock(t.Context(), "k", func(ctx context.Context) error { // Wait(0): no pause on a stalled clock
@@ -478,7 +491,10 @@ func TestCloseWaitingForASectionStillLosesOtherLocksAtTheirDeadline(t *testing.T
 	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(30*time.Second))
 	require.NoError(t, err)
 
-	short := tryAcquireFree(t, a, "short", pglock.TTL(2*time.Second))
+	// Its ctx must end at its deadline, a tenth of the ttl before the database's expiry:
+	// a ttl of 3 s leaves a loaded machine 300 ms to run the cancellation; the test waits
+	// the deadline out.
+	short := tryAcquireFree(t, a, "short", pglock.TTL(3*time.Second))
 	cancelledAt := make(chan time.Time, 1)
 	context.AfterFunc(short.Context(), func() { cancelledAt <- time.Now() })
 	inside, finish := make(chan struct{}), make(chan struct{})
@@ -494,11 +510,13 @@ func TestCloseWaitingForASectionStillLosesOtherLocksAtTheirDeadline(t *testing.T
 	closed := make(chan error, 1)
 	go func() { closed <- a.Close(context.Background()) }()
 
+	proxy.Blackhole() // from now on nothing answers: the short lock's renewals hang
+	defer proxy.Restore()
+	// The expiry read once the link is silent: a renewal answered between an earlier
+	// read and the silence would have moved it, and the deadline with it.
 	var expiresAt time.Time
 	require.NoError(t, direct.QueryRow(t.Context(),
 		"SELECT expires_at FROM pglock.locks WHERE key = 'short'").Scan(&expiresAt))
-	proxy.Blackhole() // from now on nothing answers: the short lock's renewals hang
-	defer proxy.Restore()
 
 	at := receive(t, cancelledAt)
 	require.True(t, at.Before(expiresAt), "the short lock's ctx was cancelled %v after the database expired it",
@@ -526,7 +544,10 @@ func TestCloseOnASilentLinkCancelsEveryBareLockBeforeItsExpiry(t *testing.T) {
 	url := pglocktest.PostgresURL(t)
 	silent, proxy := proxiedPool(t, url, 4)
 	direct := pglocktest.Pool(t, url, 2)
-	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(2*time.Second))
+	// A lock that Close has not reached yet must end at its own deadline, a tenth of the
+	// ttl before the database's expiry: a ttl of 3 s leaves a loaded machine 300 ms to
+	// run the cancellation; the test waits the deadlines out.
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(silent), quiet, pglock.TTL(3*time.Second))
 	require.NoError(t, err)
 	type watched struct {
 		key       string
@@ -541,12 +562,14 @@ func TestCloseOnASilentLinkCancelsEveryBareLockBeforeItsExpiry(t *testing.T) {
 		context.AfterFunc(l.Context(), func() { w.cancelled <- time.Now() })
 		locks = append(locks, w)
 	}
+	proxy.Blackhole()
+	defer proxy.Restore()
+	// The expiries read once the link is silent: a renewal answered between an earlier
+	// read and the silence would have moved one, and its deadline with it.
 	for i := range locks {
 		require.NoError(t, direct.QueryRow(t.Context(),
 			"SELECT expires_at FROM pglock.locks WHERE key = $1", locks[i].key).Scan(&locks[i].expires))
 	}
-	proxy.Blackhole()
-	defer proxy.Restore()
 	closed := make(chan error, 1)
 	go func() { closed <- a.Close(context.Background()) }()
 	for _, w := range locks {

@@ -20,9 +20,13 @@ func TestPausedHolderLosesLockAfterTTLOnDatabaseClock(t *testing.T) {
 	store := pglock.NewPostgresStore(pool)
 	clockA := pglocktest.NewManualClock(time.Now())
 	var logs testkit.LogBuffer
-	const ttl = time.Second // while A holds the lock, B tries once (300 ms left no room on a loaded machine)
+	// While A holds the lock on the database clock, B tries once: A's ttl of 3 s, which
+	// the test waits out, leaves a loaded machine room for that (300 ms did not, nor 1 s
+	// for a stall of a second or two). B's lock is acquired and must stay held to the
+	// end: 5 s, so that its confirmation and its renewal have seconds to be answered.
+	const ttl = 3 * time.Second
 	a := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clockA), pglock.WithLogger(newLogger(&logs)))
-	b := newClient(t, store, pglock.TTL(time.Second))
+	b := newClient(t, store, pglock.TTL(5*time.Second))
 
 	lockA, err := a.TryAcquire(ctx, "inventory:stock-reconciliation")
 	require.NoError(t, err)

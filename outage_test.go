@@ -212,7 +212,10 @@ func TestHeldLocksAreConfirmedWhenTheListenerReconnects(t *testing.T) {
 
 func TestAcquireRidesOutAnOutage(t *testing.T) {
 	t.Parallel()
-	const ttl = time.Second // the waiters poll every quarter of it
+	// The waiters poll every quarter of the ttl, and ride out an outage for a ttl, in
+	// which the attempts counted below must be made: 3 s, which ForATTLAtMost waits out,
+	// so that a loaded machine's stall of a second or two still leaves time for them.
+	const ttl = 3 * time.Second
 
 	// parked returns a waiter's client on a store that fails over, the store, and the
 	// waiter's result, once the waiter found key held by another client.

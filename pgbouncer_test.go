@@ -200,7 +200,10 @@ func TestPgBouncerElectionHandsOver(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			f := newFeed(t, 2)
-			leader := newPoolClient(t, bouncerPool(t, bouncerURL, 4), pglock.TTL(ttl), pglock.WithoutListener())
+			// The leader must lead until its Resign, not lose its lease to a renewal
+			// answered late on a loaded machine: a ttl of 5 s. The follower's ttl sets
+			// how often it polls.
+			leader := newPoolClient(t, bouncerPool(t, bouncerURL, 4), pglock.TTL(5*time.Second), pglock.WithoutListener())
 			follower := newPoolClient(t, bouncerPool(t, bouncerURL, 4), append([]pglock.ClientOption{pglock.TTL(ttl)}, c.opts...)...)
 			key := "feed:" + c.name
 			first, err := leader.Elect(key, f.leader(0))

@@ -43,7 +43,10 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 					_ = c.Close(context.Background())
 				}
 			})
-			const ttl = 1500 * time.Millisecond
+			// The locks must be renewed while the application fills the pool for two ttls,
+			// which the test waits out: 3 s leaves a loaded machine 1.7 s to answer a
+			// renewal (0.85 s at 1.5 s).
+			const ttl = 3 * time.Second
 			l, err := c.TryAcquire(ctx, "job", pglock.TTL(ttl))
 			require.NoError(t, err)
 			job, err := c.TryAcquire(ctx, "job:other", pglock.TTL(2*ttl)) // a second ttl group
@@ -66,7 +69,7 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 			var slow sync.WaitGroup
 			for range 4 {
 				slow.Go(func() {
-					_, err := pool.Exec(ctx, "SELECT pg_sleep(3)")
+					_, err := pool.Exec(ctx, "SELECT pg_sleep($1)", (2 * ttl).Seconds())
 					require.NoError(t, err)
 				})
 			}

@@ -125,8 +125,11 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 
 	t.Run("an election hands over", func(t *testing.T) {
 		f := newFeed(t, 2)
-		first := newPoolClient(t, app, pglock.TTL(time.Second))
-		second := newPoolClient(t, app, pglock.TTL(time.Second))
+		// The first must lead in one term until its Close, not lose its lease to a renewal
+		// answered late on a loaded machine: a ttl of 5 s. The hand-over at Close does
+		// not wait for it.
+		first := newPoolClient(t, app, pglock.TTL(5*time.Second))
+		second := newPoolClient(t, app, pglock.TTL(5*time.Second))
 		_, err := first.Elect("role:leader", f.leader(0))
 		require.NoError(t, err)
 		a := receive(t, f.acquired, "leader")

@@ -379,7 +379,10 @@ func TestSemaphoreForceRelease(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			store, _ := newStore(t)
-			c := newClient(t, store, quiet, pglock.TTL(2*time.Second))
+			// The broken permit's renewal must be refused, not answered past its deadline
+			// (lost as expired), and the other permit kept: a ttl of 5 s leaves a loaded
+			// machine 2.8 s for a renewal (1.1 s at 2 s). The test waits ttl/3 for it.
+			c := newClient(t, store, quiet, pglock.TTL(5*time.Second))
 			ctx := t.Context()
 			sem, err := c.Semaphore("jobs", 2)
 			require.NoError(t, err)

@@ -106,12 +106,14 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	defer m.Observe(b)()
 	k1, k2 := t.Name()+":k1", t.Name()+":k2"
 
-	// Lost, expired: a's renewals fail until its deadline.
-	_, err = a.TryAcquire(ctx, k1)
+	// Lost, expired: a's renewals fail until its deadline. The lock's ttl of a minute
+	// keeps it live on the database clock until its first renewal, however late a loaded
+	// machine sends it (at 1 s, a stall of a second would have it refused).
+	_, err = a.TryAcquire(ctx, k1, pglock.TTL(time.Minute))
 	require.NoError(t, err)
-	clock.Advance(400 * time.Millisecond) // renewed
+	clock.Advance(20 * time.Second) // renewed
 	store.failing.Store(true)
-	clock.Advance(time.Second) // failing renewals, then the deadline
+	clock.Advance(time.Minute) // failing renewals, then the deadline
 	store.failing.Store(false)
 
 	// Lost, refused: a pauses, the database expires its lock, b takes it, and a's next

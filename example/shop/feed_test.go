@@ -61,10 +61,11 @@ func TestWarehouseFeedPausedLeaderStaysConnectedUntilItsRenewalIsRefused(t *test
 	require.NoError(t, paused.shop.Start())
 	require.Eventually(t, func() bool { return paused.shop.LeadsWarehouseFeed() && w.warehouse.Connections() == 1 },
 		10*time.Second, 5*time.Millisecond)
-	// The others' ttl of 3 s keeps the new leader's lease through the checks below on a
+	// The others' ttl of 5 s keeps the new leader's lease through the checks below on a
 	// loaded machine (at 1 s, it was no longer held right after it connected, in a
-	// fresh-clone CI run).
-	others := []*instance{w.start(t, "b", pglock.TTL(3*time.Second)), w.start(t, "c", pglock.TTL(3*time.Second))}
+	// fresh-clone CI run; at 3 s, a renewal has 1.7 s to be answered, 5 s leaves 2.8 s).
+	// One takes over at its first campaign after the paused leader's expiry, ttl/3 at most.
+	others := []*instance{w.start(t, "b", pglock.TTL(5*time.Second)), w.start(t, "c", pglock.TTL(5*time.Second))}
 	for _, o := range others {
 		require.NoError(t, o.shop.Start())
 	}
