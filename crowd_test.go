@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -185,9 +186,11 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	remaining.Store(int64(n))
 	fail := func(err error) { failed.CompareAndSwap(nil, err) }
 	ready := make(chan struct{}) // closed when every waiter may start
+	var clients []*Client
 	for range cr.clients {
 		c, err := newClient(store, "New", opts)
 		require.NoError(tb, err)
+		clients = append(clients, c)
 		defer func() { require.NoError(tb, c.Close(context.Background())) }()
 		if cr.warm {
 			waitOnce(ctx, tb, c, key+"/warm")
@@ -244,6 +247,12 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatalf("crowd of %d×%d: %v", cr.clients, cr.waitersEach, err)
+	}
+	for _, c := range clients {
+		c.listener.mu.Lock()
+		lines := maps.Clone(c.listener.lines)
+		c.listener.mu.Unlock()
+		assert.Empty(tb, lines, "a client's lines of fair waiters, once its waiters are served")
 	}
 	res.attempts = attempts.Load()
 	res.marks = marks.Load()
@@ -308,8 +317,9 @@ func TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp(t *testing.T) {
 	for _, cr := range []crowd{
 		{clients: 1, waitersEach: 8},
 		{clients: 5, waitersEach: 4},
+		{clients: 5, waitersEach: 4, fair: true},
 	} {
-		t.Run(fmt.Sprintf("%dx%d", cr.clients, cr.waitersEach), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%dx%d%s", cr.clients, cr.waitersEach, map[bool]string{true: "/fair"}[cr.fair]), func(t *testing.T) {
 			cr.hold = time.Millisecond
 			cr.clock = stoppedClock{time.Now()}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -353,9 +363,10 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 	big, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	defer big.Close()
-	for _, warm := range []bool{false, true} {
-		t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
-			cr := crowd{clients: 20, waitersEach: 5, hold: time.Millisecond, once: true, warm: warm, clock: stoppedClock{time.Now()}}
+	for _, v := range []struct{ warm, fair bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		warm := v.warm
+		t.Run(map[bool]string{false: "cold", true: "warm"}[warm]+map[bool]string{true: "/fair"}[v.fair], func(t *testing.T) {
+			cr := crowd{clients: 20, waitersEach: 5, hold: time.Millisecond, once: true, warm: warm, fair: v.fair, clock: stoppedClock{time.Now()}}
 			if !warm {
 				cr.listen = blackholed(t, cfg.ConnConfig)
 			}
@@ -367,7 +378,7 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 				percentile(res.handovers, 0.5).Round(10*time.Microsecond), percentile(res.handovers, 0.99).Round(10*time.Microsecond),
 				res.longest().Round(10*time.Microsecond))
 			require.Equal(t, cr.clients*cr.waitersEach, res.acquisitions)
-			if warm {
+			if warm && !v.fair { // a fair waiter queues at once: 100 queue_acquire calls
 				assert.LessOrEqual(t, res.firstAttempts, int64(cr.clients), "attempts sent before the first acquisition")
 			}
 			assert.LessOrEqual(t, res.attemptsPerAcquisition(), float64(cr.clients), "attempts per acquisition")
@@ -491,7 +502,10 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	// the key itself once it expired.
 	waitOnce(ctx, t, c, key+"/warm")
 
-	const ttl = time.Second
+	// The first waiter must park before the holder's lease ends on the database clock:
+	// 3 s, which the test waits out, leaves a loaded machine 1.5 s for that (at 1 s,
+	// 500 ms).
+	const ttl = 3 * time.Second
 	_, err = holder.TryAcquire(ctx, key, TTL(ttl)) // never renewed: its clock is stopped
 	require.NoError(t, err)
 	expires := time.Now().Add(ttl) // on the database clock, before that

@@ -50,6 +50,7 @@ type listener struct {
 	mu      sync.Mutex
 	waiters map[string][]*waiter     // by key, in the order they subscribed
 	fair    map[string]chan struct{} // the fair waiters' wake-ups, by owner (queue.go)
+	lines   map[string][]fairEntry   // the queued fair waiters, by queue, in ticket order (queue.go)
 	up      bool                     // LISTEN is active
 	closed  bool
 	// starting is set while the first connection is under way (a second or more on a
@@ -61,7 +62,8 @@ type listener struct {
 
 func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger, back func()) *listener {
 	l := &listener{logger: logger, back: back, retry: make(chan struct{}, 1),
-		waiters: make(map[string][]*waiter), fair: make(map[string]chan struct{}), done: make(chan struct{})}
+		waiters: make(map[string][]*waiter), fair: make(map[string]chan struct{}),
+		lines: make(map[string][]fairEntry), done: make(chan struct{})}
 	if marker, ok := store.(wantMarker); ok && config != nil {
 		l.config, l.marker = config, marker
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -349,4 +350,49 @@ func TestQueuePollTellsTheHead(t *testing.T) {
 	queued, head := poll(tickets[1])
 	require.False(t, queued, "the claim")
 	require.False(t, head)
+}
+
+// TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem: fair waiters that
+// queue on a held key at once do not wait for each other's commits (000020 had each
+// hold the key's row until its commit: the waiters of a crowd queued one behind the
+// other, and the holder's release behind all of them), and a release still waits for a
+// waiter queueing while it runs, and grants it the key, instead of missing it and
+// leaving the key free with a waiter queued (which, on a stopped clock, nothing would
+// ever serve). lock_timeout tells waiting from not.
+func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'holder', 60000)").Scan(&token))
+
+	// A waiter queueing, its transaction still open.
+	first, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = first.Rollback(context.WithoutCancel(ctx)) }()
+	var firstTicket int64
+	require.NoError(t, first.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', 'first', 60000, 0)").Scan(&firstTicket))
+
+	withLockTimeout := func(sql string, dest ...any) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, sql).Scan(dest...)
+		})
+	}
+	var secondTicket int64
+	require.NoError(t, withLockTimeout("SELECT ticket FROM pglock.queue_acquire('k', 'second', 60000, 0)", &secondTicket),
+		"a waiter queueing waited for another")
+	require.Greater(t, secondTicket, firstTicket)
+
+	var released bool
+	requireSQLState(t, withLockTimeout("SELECT pglock.lock_release('k', 'holder')", &released), "55P03") // lock_not_available
+	require.NoError(t, first.Commit(ctx))
+	require.NoError(t, withLockTimeout("SELECT pglock.lock_release('k', 'holder')", &released))
+	require.True(t, released)
+	var owner string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT owner FROM pglock.locks WHERE key = 'k'").Scan(&owner))
+	require.Equal(t, "first", owner, "the release grants the key to the head, the waiter that queued first")
 }
