@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -246,7 +247,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	close(ready)
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
-		tb.Fatalf("crowd of %d×%d: %v", cr.clients, cr.waitersEach, err)
+		tb.Fatalf("crowd of %d×%d: %v; %s", cr.clients, cr.waitersEach, err, queueState(pool, key))
 	}
 	for _, c := range clients {
 		c.listener.mu.Lock()
@@ -259,6 +260,27 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	res.polls, res.claims = polls.Load(), claims.Load()
 	res.claimCalls = claimCalls.ds
 	return res
+}
+
+// queueState describes key's lock row and its fair queue, for a crowd that failed.
+func queueState(pool *pgxpool.Pool, key string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var lock string
+	if err := pool.QueryRow(ctx, `SELECT format('owner %s, token %s, expires in %s', owner, fencing_token, expires_at - clock_timestamp())
+		FROM pglock.locks WHERE key = $1`, key).Scan(&lock); err != nil {
+		lock = err.Error()
+	}
+	rows, err := pool.Query(ctx, `SELECT format('%s (%s): seen %s ago, granted %s', ticket, owner, clock_timestamp() - seen_at, granted)
+		FROM pglock.waiters WHERE key = $1 ORDER BY ticket`, key)
+	var waiters []string
+	if err == nil {
+		waiters, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		waiters = append(waiters, err.Error())
+	}
+	return fmt.Sprintf("the lock: %s; its fair queue: %s", lock, strings.Join(waiters, "; "))
 }
 
 // openAll opens every connection the pool may have, so that no call of the crowd waits
@@ -317,9 +339,8 @@ func TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp(t *testing.T) {
 	for _, cr := range []crowd{
 		{clients: 1, waitersEach: 8},
 		{clients: 5, waitersEach: 4},
-		{clients: 5, waitersEach: 4, fair: true},
 	} {
-		t.Run(fmt.Sprintf("%dx%d%s", cr.clients, cr.waitersEach, map[bool]string{true: "/fair"}[cr.fair]), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%dx%d", cr.clients, cr.waitersEach), func(t *testing.T) {
 			cr.hold = time.Millisecond
 			cr.clock = stoppedClock{time.Now()}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -353,6 +374,13 @@ func TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp(t *testing.T) {
 // starts the crowd (before, all 100 waiters tried at once, then marked the key, and the
 // first holder's release queued behind those 200 calls).
 //
+// cold/fair: the same in the fair queue. The first of each client's waiters polls while
+// the listener starts, on the real clock, and the head of the queue is always among
+// them; a waiter that becomes its client's first is woken to poll (the others, silent
+// on the stopped clock, are skipped as dead once Q passes, then polled again as firsts).
+// Before, only the waiter a poll had called the head polled: the next head never learnt
+// it was, and the crowd hung. warm/fair: on the real clock (see there).
+//
 // Every waiter gets the key, never two at once, with at most one attempt per client and
 // acquisition, and no handover near the second that a waiter's backoff reaches.
 func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
@@ -367,6 +395,13 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 		warm := v.warm
 		t.Run(map[bool]string{false: "cold", true: "warm"}[warm]+map[bool]string{true: "/fair"}[v.fair], func(t *testing.T) {
 			cr := crowd{clients: 20, waitersEach: 5, hold: time.Millisecond, once: true, warm: warm, fair: v.fair, clock: stoppedClock{time.Now()}}
+			if warm && v.fair {
+				// A fair waiter that does not poll for Q (1 s) is skipped as dead, and on
+				// a stopped clock only the fast polls of a starting listener come: with
+				// the listeners up, a crowd longer than Q (a loaded machine's) would find
+				// every waiter dead. The real clock: the waiters' heartbeats keep them.
+				cr.clock = nil
+			}
 			if !warm {
 				cr.listen = blackholed(t, cfg.ConnConfig)
 			}
