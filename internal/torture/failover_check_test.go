@@ -154,6 +154,36 @@ func TestCheckerFailoverLostRenewal(t *testing.T) {
 	requireOnly(t, r, invSignal)
 }
 
+// A tick run on the old primary under a job lease an asynchronous failover lost, and run
+// again on the new primary under the lease it granted next: the failover's doing,
+// counted; a synchronous failover loses no lease, and the same history breaks
+// invariant 5 there.
+func TestCheckerFailoverTickRunTwice(t *testing.T) {
+	t.Parallel()
+	twice := func(mode string) *History {
+		h := withFailover(baseline(), mode, timeline2)
+		rec := func(r Record) { h.Records = append(h.Records, r) }
+		// w1.1's lease of token 11, granted at 11.9 s after the point the new primary kept.
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: fCall, Reason: "lock_acquire", Key: jobLeaseKey, Owner: "w1.1/j2", Start: at(11895), Local: at(11899)})
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventAcquired), Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, Local: at(11900)})
+		rec(Record{Worker: "w1.1", Type: typeInvoke, F: fTick, Key: jobLeaseKey, Op: "w1.1-tick", Token: 11, Wrote: 500, Local: at(11950)})
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventLost), Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, Local: at(12500)})
+		// w2.1's on the new primary, from 12.3 s to 12.4 s: the same tick.
+		h.Leases = append(h.Leases, LeaseRow{ID: 110, Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, ExpiresAt: at(13300), At: at(12300)},
+			LeaseRow{ID: 111, Key: jobLeaseKey, Token: timeline2 + 2, ExpiresAt: at(13300), At: at(12400)})
+		rec(Record{Worker: "w2.1", Type: typeInvoke, F: fRelease, Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, Local: at(12399)})
+		rec(Record{Worker: "w2.1", Type: typeEvent, F: string(pglock.EventAcquired), Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, Local: at(12301)})
+		rec(Record{Worker: "w2.1", Type: typeInvoke, F: fTick, Key: jobLeaseKey, Op: "w2.1-tick", Token: timeline2 + 2, Wrote: 500, Local: at(12350)})
+		return h
+	}
+	r := check(twice(failoverAsync))
+	require.False(t, r.Failed(), "%v", r.Details)
+	require.Equal(t, 1, r.Stats.Failover.Ticks)
+	r = check(twice(failoverSync))
+	t.Log(r.Details[invJob])
+	require.NotZero(t, r.Violations[invJob], "a synchronous failover loses no lease: %v", r.Details)
+}
+
 // A failover run writes its own section of the report file, and a run on one server
 // rewrites the rest, keeping the sections.
 func TestReportFileKeepsEachRunsSection(t *testing.T) {
