@@ -315,7 +315,7 @@ func (c *Cluster) Branch() (string, error) {
 func (c *Cluster) startStandby() error {
 	prim, s := c.servers[c.primary], c.servers[1-c.primary]
 	if out, err := c.run("pg_basebackup", "-D", s.data, "-X", "stream", "--no-sync", "-c", "fast",
-		"-d", prim.conninfo(s.name)); err != nil {
+		"-d", prim.conninfo(s.name, 30)); err != nil {
 		return fmt.Errorf("failover: pg_basebackup of %s: %w\n%s", prim.name, err, out)
 	}
 	if err := writeFile(filepath.Join(s.data, "standby.signal"), ""); err != nil {
@@ -351,7 +351,7 @@ func (c *Cluster) writeRole(s *server, standby bool) error {
 	other := c.servers[1-c.index(s)]
 	var conf string
 	if standby {
-		conf = "primary_conninfo = '" + c.servers[c.primary].conninfo(s.name) + "'\n"
+		conf = "primary_conninfo = '" + c.servers[c.primary].conninfo(s.name, 5) + "'\n"
 	} else if c.mode == Synchronous && other.up {
 		conf = "synchronous_standby_names = '" + other.name + "'\n"
 	} else {
@@ -579,9 +579,12 @@ func (s *server) url() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=5", s.port)
 }
 
-// conninfo is how a standby named application reaches s.
-func (s *server) conninfo(application string) string {
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s connect_timeout=5", s.port, application)
+// conninfo is how a standby named application reaches s, giving up a connection attempt
+// after timeout seconds: 5 for the standby's streaming, 30 for its base backup (a primary
+// just promoted, on a machine running the rest of CI, took over 5 s to take the base
+// backup's connection in a fresh-clone run).
+func (s *server) conninfo(application string, timeout int) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=postgres application_name=%s connect_timeout=%d", s.port, application, timeout)
 }
 
 // binaries finds the PostgreSQL binaries, and as root, runuser and a postgres user.
