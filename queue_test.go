@@ -395,4 +395,48 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	var owner string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT owner FROM pglock.locks WHERE key = 'k'").Scan(&owner))
 	require.Equal(t, "first", owner, "the release grants the key to the head, the waiter that queued first")
+
+	// Every other handover waits for a waiter queueing too: a force-release,
+	third, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = third.Rollback(context.WithoutCancel(ctx)) }()
+	var ticket int64
+	require.NoError(t, third.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', 'third', 60000, 0)").Scan(&ticket))
+	var forced *string
+	requireSQLState(t, withLockTimeout("SELECT owner FROM pglock.lock_force_release('k')", &forced), "55P03")
+	require.NoError(t, third.Commit(ctx))
+	require.NoError(t, withLockTimeout("SELECT owner FROM pglock.lock_force_release('k')", &forced))
+	require.Equal(t, "first", *forced)
+
+	// and the head's take of a key that expired, which must see every waiter ahead of it.
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k2', 'holder', 200)").Scan(&token))
+	var head int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k2', 'head', 60000, 0)").Scan(&head))
+	awaitExpiry(t, pool, "k2")
+	fourth, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = fourth.Rollback(context.WithoutCancel(ctx)) }()
+	require.NoError(t, fourth.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k2', 'fourth', 60000, 0)").Scan(&ticket))
+	var took *int64
+	requireSQLState(t, withLockTimeout(fmt.Sprintf("SELECT fencing_token FROM pglock.queue_poll('k2', %d)", head), &took), "55P03")
+	require.NoError(t, fourth.Commit(ctx))
+	require.NoError(t, withLockTimeout(fmt.Sprintf("SELECT fencing_token FROM pglock.queue_poll('k2', %d)", head), &took))
+	require.NotNil(t, took, "the head takes the free key")
+
+	// and a waiter that leaves with a grant it had, which hands the key on.
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k3', 'holder', 60000)").Scan(&token))
+	var granted int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k3', 'granted', 60000, 0)").Scan(&granted))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_release('k3', 'holder')").Scan(&released))
+	fifth, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = fifth.Rollback(context.WithoutCancel(ctx)) }()
+	require.NoError(t, fifth.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k3', 'fifth', 60000, 0)").Scan(&ticket))
+	var left bool
+	requireSQLState(t, withLockTimeout(fmt.Sprintf("SELECT pglock.queue_leave('k3', %d)", granted), &left), "55P03")
+	require.NoError(t, fifth.Commit(ctx))
+	require.NoError(t, withLockTimeout(fmt.Sprintf("SELECT pglock.queue_leave('k3', %d)", granted), &left))
+	require.True(t, left)
+	require.NoError(t, pool.QueryRow(ctx, "SELECT owner FROM pglock.locks WHERE key = 'k3'").Scan(&owner))
+	require.Equal(t, "fifth", owner, "the grant left goes to the waiter that queued meanwhile")
 }
