@@ -52,15 +52,15 @@ func (s countingStore) queueAcquire(ctx context.Context, t target, owner string,
 	return s.postgresStore.queueAcquire(ctx, t, owner, ttl)
 }
 
-func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, bool, error) {
+func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	s.polls.Add(1)
 	start := time.Now()
-	permit, token, queued, head, err := s.postgresStore.queuePoll(ctx, key, ticket)
+	permit, token, queued, ahead, err := s.postgresStore.queuePoll(ctx, key, ticket)
 	if token > 0 {
 		s.claims.Add(1)
 		s.claimCalls.add(time.Since(start))
 	}
-	return permit, token, queued, head, err
+	return permit, token, queued, ahead, err
 }
 
 func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {

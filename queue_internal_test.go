@@ -94,9 +94,9 @@ func (c *steppedClock) Now() time.Time { return c.now }
 
 func (c *steppedClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// TestMemoryQueuePollTellsTheHead: as queue_poll (000021), the memory store tells a
-// queued waiter whether no live waiter ahead of it waits for a grant.
-func TestMemoryQueuePollTellsTheHead(t *testing.T) {
+// TestMemoryQueuePollTellsThePlace: as queue_poll (000024), the memory store tells a
+// queued waiter how many live waiters ahead of it wait for a grant.
+func TestMemoryQueuePollTellsThePlace(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	clock := &steppedClock{now: time.Now()}
@@ -109,14 +109,26 @@ func TestMemoryQueuePollTellsTheHead(t *testing.T) {
 		_, _, tickets[i], err = store.queueAcquire(ctx, target{key: "k"}, "w"+string(rune('0'+i)), time.Minute)
 		require.NoError(t, err)
 	}
-	for i, want := range []bool{true, false} {
-		_, _, queued, head, err := store.queuePoll(ctx, "k", tickets[i])
+	for i, want := range []int{0, 1} {
+		_, _, queued, ahead, err := store.queuePoll(ctx, "k", tickets[i])
 		require.NoError(t, err)
 		require.True(t, queued)
-		require.Equal(t, want, head, "waiter %d", i)
+		require.Equal(t, want, ahead, "waiter %d", i)
 	}
 	clock.now = clock.now.Add(2 * queueBound) // the head silent: dead
-	_, _, _, head, err := store.queuePoll(ctx, "k", tickets[1])
+	_, _, _, ahead, err := store.queuePoll(ctx, "k", tickets[1])
 	require.NoError(t, err)
-	require.True(t, head, "behind a dead head")
+	require.Zero(t, ahead, "behind a dead head")
+}
+
+// TestNearPollIsFasterTheNearerTheHead: while the listener starts, the head of the queue
+// polls every 5 ms at most, the two behind it every 10 and 20 ms, and a waiter further
+// back, or not polled yet, has no pace of its own (the first of its client's waiters
+// polls every startingPollEvery; the others keep the heartbeat).
+func TestNearPollIsFasterTheNearerTheHead(t *testing.T) {
+	t.Parallel()
+	for ahead, want := range map[int]time.Duration{-1: 0, 0: 5 * time.Millisecond, 1: 10 * time.Millisecond,
+		2: 20 * time.Millisecond, 3: 0, maxAhead: 0} {
+		require.Equal(t, want, nearPoll(ahead), "%d ahead", ahead)
+	}
 }

@@ -312,44 +312,95 @@ func TestQueueFunctionsRefuseBadInput(t *testing.T) {
 	require.Empty(t, lockKeys(t, pool))
 }
 
-// TestQueuePollTellsTheHead: a poll tells a queued waiter whether the next grant is its:
+// TestQueuePollTellsThePlace: a poll tells a queued waiter how many live waiters ahead
+// of it wait for a grant (up to 8), and whether the next grant is its (head: none):
 // the head of the live waiters; the one behind it once the head stops polling for Q
 // (dead) or has a grant to claim; never a waiter whose poll claimed or took the key.
-func TestQueuePollTellsTheHead(t *testing.T) {
+func TestQueuePollTellsThePlace(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pglocktest.Postgres(t)
 	var token int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'holder', 60000)").Scan(&token))
-	tickets := make([]int64, 3)
+	tickets := make([]int64, 11)
 	for i := range tickets {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', $1, 60000, 0)", fmt.Sprint("w", i)).Scan(&tickets[i]))
 	}
-	poll := func(ticket int64) (queued, head bool) {
+	poll := func(ticket int64) (queued, head bool, ahead int) {
 		t.Helper()
 		var tok *int64
-		require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token, queued, coalesce(head, false) FROM pglock.queue_poll('k', $1)", ticket).Scan(&tok, &queued, &head))
-		return queued, head
+		require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token, queued, coalesce(head, false), coalesce(ahead, -1) FROM pglock.queue_poll('k', $1)", ticket).
+			Scan(&tok, &queued, &head, &ahead))
+		return queued, head, ahead
 	}
-	for i, want := range []bool{true, false, false} {
-		queued, head := poll(tickets[i])
+	for i, want := range []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 8, 8} {
+		queued, head, ahead := poll(tickets[i])
 		require.True(t, queued)
-		require.Equal(t, want, head, "waiter %d", i)
+		require.Equal(t, want, ahead, "waiter %d", i)
+		require.Equal(t, want == 0, head, "waiter %d", i)
 	}
 	// The head silent for over Q: the next is the head.
 	_, err := pool.Exec(ctx, "UPDATE pglock.waiters SET seen_at = clock_timestamp() - interval '2 seconds' WHERE ticket = $1", tickets[0])
 	require.NoError(t, err)
-	_, head := poll(tickets[1])
+	_, head, ahead := poll(tickets[1])
 	require.True(t, head, "behind a dead head")
+	require.Zero(t, ahead, "behind a dead head")
+	_, _, ahead = poll(tickets[3])
+	require.Equal(t, 2, ahead, "behind a dead waiter and two live ones")
 	// A release grants the key to waiter 1 (the live head); waiter 2 is next.
 	var released bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_release('k', 'holder')").Scan(&released))
 	require.True(t, released)
-	_, head = poll(tickets[2])
+	_, head, ahead = poll(tickets[2])
 	require.True(t, head, "behind a waiter with a grant to claim")
-	queued, head := poll(tickets[1])
+	require.Zero(t, ahead, "behind a waiter with a grant to claim")
+	queued, head, ahead := poll(tickets[1])
 	require.False(t, queued, "the claim")
 	require.False(t, head)
+	require.Equal(t, -1, ahead, "the claim")
+}
+
+// TestTakingANewKeyDoesNotWaitForAnotherCreatingIt: while a transaction creates a new
+// key's row (its first acquisition, uncommitted), another acquisition of that key is
+// refused at once, plain or fair (the fair one is queued), instead of waiting for that
+// transaction's end under the queue's shared lock (000023), which the first holder's
+// release then waited for (the start of a crowd on a new key: 000024). lock_timeout
+// tells waiting from not. Once the creation commits, its owner holds the key, with the
+// first token.
+func TestTakingANewKeyDoesNotWaitForAnotherCreatingIt(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	pool := pglocktest.Postgres(t)
+	creating, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = creating.Rollback(context.WithoutCancel(ctx)) }()
+	var token int64
+	require.NoError(t, creating.QueryRow(ctx, "SELECT pglock.lock_acquire('new', 'creator', 60000)").Scan(&token))
+
+	withLockTimeout := func(sql string, dest ...any) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '500ms'"); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, sql).Scan(dest...)
+		})
+	}
+	var plain *int64
+	require.NoError(t, withLockTimeout("SELECT pglock.lock_acquire('new', 'plain', 60000)", &plain), "a plain acquisition waited for the creation")
+	require.Nil(t, plain, "a key being created is held")
+	var fairToken, ticket *int64
+	require.NoError(t, withLockTimeout("SELECT fencing_token, ticket FROM pglock.queue_acquire('new', 'fair', 60000, 0)", &fairToken, &ticket),
+		"a fair acquisition waited for the creation")
+	require.Nil(t, fairToken, "a key being created is held")
+	require.NotNil(t, ticket, "the fair waiter is queued")
+
+	require.NoError(t, creating.Commit(ctx))
+	var owner string
+	var held int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT owner, fencing_token FROM pglock.locks WHERE key = 'new'").Scan(&owner, &held))
+	require.Equal(t, "creator", owner)
+	require.Equal(t, token, held)
 }
 
 // TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem: fair waiters that

@@ -106,10 +106,10 @@ type backend interface {
 	// queuePoll polls a queued waiter of key (a lock's or a semaphore's): it claims
 	// what was granted to it, or takes the key (a free permit) when its turn has come,
 	// and returns its token (and permit) with queued false; else it records that the
-	// waiter is live and returns 0 with queued true, and head true when no live waiter
-	// ahead of it waits for a grant (the next is its). queued false with a 0 token: the
-	// ticket is not in the queue.
-	queuePoll(ctx context.Context, key string, ticket int64) (permit int, token int64, queued, head bool, err error)
+	// waiter is live and returns 0 with queued true, and ahead: how many live waiters
+	// ahead of it wait for a grant, counted up to maxAhead (0: the next grant is its).
+	// queued false with a 0 token: the ticket is not in the queue.
+	queuePoll(ctx context.Context, key string, ticket int64) (permit int, token int64, queued bool, ahead int, err error)
 	// queueLeave takes the waiter out of the queue, passing on a grant it had not
 	// claimed, and reports whether it was queued.
 	queueLeave(ctx context.Context, key string, ticket int64) (bool, error)

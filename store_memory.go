@@ -218,43 +218,43 @@ func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, tt
 	return 0, 0, s.tickets, nil
 }
 
-func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, bool, error) {
+func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	if err := checkTicket(key, ticket); err != nil {
-		return 0, 0, false, false, err
+		return 0, 0, false, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, qkey, i := s.waiter(key, ticket)
 	if w == nil {
-		return 0, 0, false, false, nil
+		return 0, 0, false, 0, nil
 	}
 	if w.granted != "" {
 		if l := s.live(w.granted, w.owner); l != nil { // the claim
 			l.expires = s.clock.Now().Add(w.ttl)
 			s.dequeue(qkey, i)
 			_, permit := splitPermitKey(w.granted)
-			return permit, l.token, false, false, nil
+			return permit, l.token, false, 0, nil
 		}
 	}
 	w.granted, w.seen = "", s.clock.Now()
-	head := s.waiting(qkey, ticket) == 0
+	ahead := min(s.waiting(qkey, ticket), maxAhead)
 	if w.permits > 0 {
 		if s.waiting(qkey, ticket) >= w.permits-len(s.livePermits(key, "")) {
-			return 0, 0, true, head, nil
+			return 0, 0, true, ahead, nil
 		}
 		permit, token := s.semTake(key, w.owner, w.ttl, w.permits)
 		if token == 0 {
-			return 0, 0, true, head, nil
+			return 0, 0, true, ahead, nil
 		}
 		s.dequeue(qkey, i)
-		return permit, token, false, false, nil
+		return permit, token, false, 0, nil
 	}
 	if s.live(key, "") != nil || s.queued(key, ticket) {
-		return 0, 0, true, head, nil
+		return 0, 0, true, ahead, nil
 	}
 	token := s.take(key, w.owner, w.ttl)
 	s.dequeue(key, i)
-	return 0, token, false, false, nil
+	return 0, token, false, 0, nil
 }
 
 func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (bool, error) {

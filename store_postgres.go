@@ -473,19 +473,18 @@ func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string
 	return int(permit.Int32), token.Int64, ticket.Int64, nil
 }
 
-func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, bool, error) {
+func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	if err := checkTicket(key, ticket); err != nil {
-		return 0, 0, false, false, err
+		return 0, 0, false, 0, err
 	}
 	var token sql.NullInt64
-	var permit sql.NullInt32
+	var permit, ahead sql.NullInt32
 	var queued bool
-	var head sql.NullBool
-	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued, q.permit, q.head FROM pglock.queue_poll($1, $2) q`,
-		key, ticket).Scan(&token, &queued, &permit, &head); err != nil {
-		return 0, 0, false, false, storeError(err, "poll the queue of %q", key)
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.queued, q.permit, q.ahead FROM pglock.queue_poll($1, $2) q`,
+		key, ticket).Scan(&token, &queued, &permit, &ahead); err != nil {
+		return 0, 0, false, 0, storeError(err, "poll the queue of %q", key)
 	}
-	return int(permit.Int32), token.Int64, queued, queued && head.Bool, nil
+	return int(permit.Int32), token.Int64, queued, int(ahead.Int32), nil
 }
 
 func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64) (bool, error) {

@@ -349,7 +349,7 @@ func (w watchedBackend) queueAcquire(ctx context.Context, t target, owner string
 	return w.b.queueAcquire(ctx, t, owner, ttl)
 }
 
-func (w watchedBackend) queuePoll(ctx context.Context, key string, ticket int64) (_ int, _ int64, _, _ bool, err error) {
+func (w watchedBackend) queuePoll(ctx context.Context, key string, ticket int64) (_ int, _ int64, _ bool, _ int, err error) {
 	defer w.k.end(w.k.begin(ctx, "queue poll", 0, false), &err)
 	return w.b.queuePoll(ctx, key, ticket)
 }
