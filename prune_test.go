@@ -225,11 +225,12 @@ func TestPruneRacingAcquisitionsKeepsEveryKeysTokensIncreasing(t *testing.T) {
 
 // TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule: an acquisition of a key
 // without a row stalls inside its INSERT (a trigger waits for an advisory lock the test
-// holds, as a descheduled backend would stall) while another client takes the key,
-// releases it, and a prune deletes its row. The stalled acquisition then inserts the
-// key: its token must still be greater than the other's. PostgreSQL evaluates an
-// INSERT's VALUES before the trigger and the conflict check, so a token drawn there
-// would be the older one.
+// holds, as a descheduled backend would stall). Another acquisition of the key is
+// refused meanwhile: a key being created is held (000024; before, the other took the
+// key, released it and a prune deleted its row, all while the first stalled). A token
+// drawn meanwhile (another key, released and pruned) must still be older than the
+// stalled acquisition's once it inserts: PostgreSQL evaluates an INSERT's VALUES before
+// the trigger and the conflict check, so a token drawn there would be the older one.
 func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -263,7 +264,10 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 		return err == nil && stalled
 	}, 5*time.Second, 5*time.Millisecond, "the acquisition stalls in its INSERT")
 
-	other := released(t, db.store, "k")
+	_, ok, err := db.store.Acquire(ctx, "k", "o", time.Minute)
+	require.NoError(t, err)
+	require.False(t, ok, "a key being created is held")
+	other := released(t, db.store, "k2")
 	n, err := db.client.Prune(ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
@@ -271,8 +275,8 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 
 	r := <-stalled
 	require.NoError(t, r.err)
-	require.True(t, r.ok, "the key had no row any more")
-	require.Greater(t, r.token, other, "the stalled acquisition got an older token than the key's last holder")
+	require.True(t, r.ok, "the key was free")
+	require.Greater(t, r.token, other, "the stalled acquisition got a token older than one drawn while it stalled")
 }
 
 // TestPruneSkipsTheRowOfAnOpenFencedTx: an expired lock whose row an open fenced
