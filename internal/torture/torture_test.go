@@ -681,6 +681,25 @@ func TestCheckerExcusesAHandBackTheServerLost(t *testing.T) {
 	require.Equal(t, 1, r.Violations[invGhost], "killed long after the answer: %v", r.Details)
 	r = check(ghost(9050, 9100))
 	require.Equal(t, 1, r.Violations[invGhost], "answered after the expiry: %v", r.Details)
+
+	// Answered after the last point that an asynchronous failover's new primary kept,
+	// long before the kill: lost with the old primary's last commits. A synchronous
+	// failover loses nothing acknowledged.
+	lostInFailover := func(mode string) *History {
+		h := ghost(8120, 8120)
+		h.Faults = slices.DeleteFunc(h.Faults, func(f Fault) bool { return f.Kind == faultRestart })
+		h.Config.Failover, h.Config.Faults = mode, append(h.Config.Faults, faultFailover)
+		kill := 8120 + int(asyncReleaseLoss/time.Millisecond) + 500
+		h.Failovers = append(h.Failovers, Failover{OldPrimary: "a", NewPrimary: "b", From: 1, To: 2,
+			Kill: at(kill), Killed: at(kill + 10), Promoted: at(kill + 100), Rebuilt: at(kill + 1000), KeptUntil: at(8100)})
+		h.Faults = append(h.Faults, Fault{Kind: faultFailover, Start: at(kill), End: at(kill + 100)})
+		return h
+	}
+	r = check(lostInFailover(failoverAsync))
+	require.Zero(t, r.Violations[invGhost], "lost with the old primary's last commits: %v", r.Details)
+	require.Equal(t, 1, r.Stats.GhostsExcused)
+	r = check(lostInFailover(failoverSync))
+	require.Equal(t, 1, r.Violations[invGhost], "a synchronous failover: %v", r.Details)
 }
 
 func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
