@@ -379,12 +379,7 @@ func TestTakingANewKeyDoesNotWaitForAnotherCreatingIt(t *testing.T) {
 	require.NoError(t, creating.QueryRow(ctx, "SELECT pglock.lock_acquire('new', 'creator', 60000)").Scan(&token))
 
 	withLockTimeout := func(sql string, dest ...any) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '500ms'"); err != nil {
-				return err
-			}
-			return tx.QueryRow(ctx, sql).Scan(dest...)
-		})
+		return scanWithLockTimeout(ctx, pool, "500ms", sql, dest...)
 	}
 	var plain *int64
 	require.NoError(t, withLockTimeout("SELECT pglock.lock_acquire('new', 'plain', 60000)", &plain), "a plain acquisition waited for the creation")
@@ -426,12 +421,7 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	require.NoError(t, first.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', 'first', 60000, 0)").Scan(&firstTicket))
 
 	withLockTimeout := func(sql string, dest ...any) error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
-				return err
-			}
-			return tx.QueryRow(ctx, sql).Scan(dest...)
-		})
+		return scanWithLockTimeout(ctx, pool, "200ms", sql, dest...)
 	}
 	var secondTicket int64
 	require.NoError(t, withLockTimeout("SELECT ticket FROM pglock.queue_acquire('k', 'second', 60000, 0)", &secondTicket),
@@ -490,4 +480,16 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	require.True(t, left)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT owner FROM pglock.locks WHERE key = 'k3'").Scan(&owner))
 	require.Equal(t, "fifth", owner, "the grant left goes to the waiter that queued meanwhile")
+}
+
+// scanWithLockTimeout runs a query in a transaction of its own whose lock_timeout is
+// timeout and scans its row into dest: a statement that waits on a lock fails with
+// 55P03 (lock_not_available) instead.
+func scanWithLockTimeout(ctx context.Context, pool *pgxpool.Pool, timeout, sql string, dest ...any) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+timeout+"'"); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, sql).Scan(dest...)
+	})
 }
