@@ -237,9 +237,10 @@ func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (in
 		}
 	}
 	w.granted, w.seen = "", s.clock.Now()
-	ahead := min(s.waiting(qkey, ticket), maxAhead)
+	waiting := s.waiting(qkey, ticket)
+	ahead := min(waiting, maxAhead)
 	if w.permits > 0 {
-		if s.waiting(qkey, ticket) >= w.permits-len(s.livePermits(key, "")) {
+		if waiting >= w.permits-len(s.livePermits(key, "")) {
 			return 0, 0, true, ahead, nil
 		}
 		permit, token := s.semTake(key, w.owner, w.ttl, w.permits)
