@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -520,4 +521,59 @@ func TestResignWakesAFollowerThatNeverPolls(t *testing.T) {
 
 	require.NoError(t, first.Resign(t.Context()))
 	require.Equal(t, 1, receive(t, f.acquired, "the follower leading after the leader's release").who)
+}
+
+// A service shutting down may still use every connection of its pool (requests in
+// flight, a WithLock section's writes). Close's step-down must not wait behind them to
+// hand the lease back: its renewals have stopped, so a hand-back queued behind the
+// application lands after the lease expired, or much later, and the next leader waits
+// for the expiry (a torture run's leader, stopped in a WithLock section, let its lease
+// of 1 s expire this way).
+func TestCloseHandsTheLeaseBackWhileItsPoolIsBusy(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	url := pglocktest.PostgresURL(t)
+	f := newFeed(t, 2)
+	pool := pglocktest.Pool(t, url, 2)
+	leader, err := pglock.New(pool, quiet, pglock.TTL(time.Minute)) // only a hand-back ends the lease in the test
+	require.NoError(t, err)
+	_, err = leader.Elect(feedKey, f.leader(0))
+	require.NoError(t, err)
+	require.Equal(t, 0, receive(t, f.acquired, "leader").who)
+	followerPool := pglocktest.Pool(t, url, 4)
+	_, err = newPoolClient(t, followerPool).Elect(feedKey, f.leader(1))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return wanted(followerPool, feedKey) }, 5*time.Second, 5*time.Millisecond)
+
+	// The application takes every connection its pool will give.
+	var busy []*pgxpool.Conn
+	for {
+		actx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		c, err := pool.Acquire(actx)
+		cancel()
+		if err != nil {
+			break
+		}
+		busy = append(busy, c)
+	}
+	require.NotEmpty(t, busy)
+	free := sync.OnceFunc(func() {
+		for _, c := range busy {
+			c.Release()
+		}
+	})
+	t.Cleanup(free)
+
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- leader.Close(context.WithoutCancel(ctx)) }()
+	select {
+	case second := <-f.acquired:
+		t.Logf("handover at Close, the pool busy: %v", time.Since(start))
+		require.Equal(t, 1, second.who)
+	case <-time.After(5 * time.Second):
+		t.Errorf("no new leader within 5 s of Close while the closing client's pool was busy")
+	}
+	free()
+	require.NoError(t, receive(t, closed, "Close's return"))
 }

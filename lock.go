@@ -56,7 +56,9 @@ func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.en
 // Release gives the lock back. It is idempotent and safe to call concurrently: every
 // call returns what the first returned, once the first has finished. The store call
 // runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
-// releases. It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
+// releases; with New, it goes as a renewal does, on an idle connection of the pool or
+// one of the client's own, never behind the application's use of a busy pool (the
+// lock is no longer renewed meanwhile). It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
 // before, ErrClosed when Close left it to expire, or the store's error (the lock then
 // expires after its ttl).
 //

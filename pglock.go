@@ -30,7 +30,8 @@ type Client struct {
 	ttl      time.Duration
 	instance string
 	renewer  *renewer.Renewer
-	renewals *renewals // the renewer's way to the store
+	renewals *renewals                                                  // the renewer's way to the store
+	release  func(ctx context.Context, key, owner string) (bool, error) // a Release's way: the renewals', else the store's
 	events   *events
 	listener *listener    // wakes waiters when their key is released
 	history  *history     // writes job runs and skips; nil when RunHistory is off or the store keeps none
@@ -114,8 +115,10 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 	}
 	c.renewals = newRenewals(raw)
 	c.handBacks = newHandBacks(store, cfg.logger)
+	c.release = store.Release
 	if c.renewals.active() {
 		c.handBacks.many = watchedRenewals{c.renewals, c.health.calls}.releaseMany
+		c.release = watchedRenewals{c.renewals, c.health.calls}.Release
 	}
 	c.listener = newListener(cfg.listen, store, cfg.logger, c.connectionsBack)
 	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
@@ -628,8 +631,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 }
 
-// releaseDetached hands key back for owner on a detached context. A failed call is
-// tried once more: a pooled connection whose backend was terminated fails its next
+// releaseDetached hands key back for owner on a detached context, as a renewal is made
+// (renewals.Release): a lock being released is no longer renewed, so a release queued
+// behind the application's use of a busy pool (a service shutting down, its requests
+// still running) would land after the expiry, and the next holder would wait for it.
+// A failed call is tried once more: a pooled connection whose backend was terminated fails its next
 // statement, and a lock left to expire would hold up the next holder for a whole ttl.
 // released reports whether a call found the lock held by owner and released it; unsure,
 // that the first call failed and the second found nothing: the first may have released
@@ -637,11 +643,11 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 func (c *Client) releaseDetached(ctx context.Context, key, owner string) (released, unsure bool, err error) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
-	ok, err := c.store.Release(ctx, key, owner)
+	ok, err := c.release(ctx, key, owner)
 	if err == nil || ctx.Err() != nil {
 		return ok, false, err
 	}
-	if ok, err = c.store.Release(ctx, key, owner); err != nil {
+	if ok, err = c.release(ctx, key, owner); err != nil {
 		return false, false, err
 	}
 	return ok, !ok, nil

@@ -207,6 +207,15 @@ func (r *renewals) releaseMany(ctx context.Context, keys, owners []string) (rele
 	return released, err
 }
 
+// Release makes a Release's call as a renewal is made (see Client.releaseDetached).
+func (r *renewals) Release(ctx context.Context, key, owner string) (ok bool, err error) {
+	err = r.with(ctx, func(s *postgresStore) (err error) {
+		ok, err = s.Release(ctx, key, owner)
+		return err
+	})
+	return ok, err
+}
+
 func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Renew(ctx, key, owner, ttl)

@@ -424,6 +424,11 @@ func (w watchedRenewals) Renew(ctx context.Context, key, owner string, ttl time.
 	return w.r.Renew(ctx, key, owner, ttl)
 }
 
+func (w watchedRenewals) Release(ctx context.Context, key, owner string) (_ bool, err error) {
+	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
+	return w.r.Release(ctx, key, owner)
+}
+
 func (w watchedRenewals) releaseMany(ctx context.Context, keys, owners []string) (_ []int, err error) {
 	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
 	return w.r.releaseMany(ctx, keys, owners)

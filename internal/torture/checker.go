@@ -624,7 +624,8 @@ func (c *checker) signals() {
 // toldIndex says, per worker and token, when the client learned that it held a lease
 // (its acquired event), and the first signs that it no longer did: a loss signalled
 // (any sign; and the lock's Context cancelled with a *LockLostError), or a Release
-// called (the last such call).
+// called (the last such call; for the election's lease, its first step-down at Close or
+// Resign, whose hand-back is the client's own and may land late or not at all).
 type toldIndex struct {
 	acquired, signal, ctxLost, releasing map[workerToken]time.Time
 }
@@ -649,6 +650,8 @@ func (c *checker) indexTold() {
 			first(t.signal, k, r.Local)
 		case r.F == fUnlead && strings.Contains(r.Reason, "lost"):
 			first(t.signal, k, r.Local)
+		case r.F == fUnlead: // Close or Resign: it stepped down, as a Release call lets go
+			first(t.releasing, k, r.Local)
 		case r.F == fRelease && r.Type == typeInvoke:
 			t.releasing[k] = r.Local
 		}

@@ -882,3 +882,35 @@ func TestPglockCallNamesTheSemaphoresCalls(t *testing.T) {
 	require.Equal(t, "lock_release_many", pglockCall("SELECT pglock.lock_release_many($1::text[], $2::text[], $3)"))
 	require.Empty(t, pglockCall("UPDATE t SET v = 1 WHERE pglock.lock_held($1, $2)"))
 }
+
+// A leader that stepped down (Close, Resign) before its lease expired had let it go,
+// as a Release call does, even when its hand-back never landed (a fresh-clone CI run:
+// w3.2, stopped in a WithLock section, stepped down at Close and its hand-back waited
+// behind the worker's busy pool until after the expiry); one that stepped down after
+// the expiry plus the slack still broke invariant 3.
+func TestCheckerCountsAStepDownAsLettingGo(t *testing.T) {
+	t.Parallel()
+	expiredAfterStepDown := func(stepDown int) *History { // w2.1's term: token 4, stepping down at 9000
+		h := baseline()
+		h.Leases = slices.DeleteFunc(h.Leases, func(l LeaseRow) bool { return l.Key == leaderKey && l.Token == 4 && l.Owner == "" })
+		for i, l := range h.Leases {
+			if l.Key == leaderKey && l.Token == 4 {
+				h.Leases[i].ExpiresAt = at(9050)
+			}
+		}
+		for i, r := range h.Records {
+			if r.Key == leaderKey && r.Token == 4 && r.F == fUnlead {
+				h.Records[i].Local = at(stepDown)
+			}
+		}
+		return h
+	}
+	r := check(expiredAfterStepDown(9000))
+	require.False(t, r.Failed(), "stepped down 50 ms before the expiry: %v", r.Details)
+	r = check(expiredAfterStepDown(9200))
+	require.Equal(t, 1, r.Violations[invSignal], "stepped down 150 ms after the expiry: %v", r.Details)
+	h := expiredAfterStepDown(9000)
+	h.Records = slices.DeleteFunc(h.Records, func(r Record) bool { return r.Key == leaderKey && r.Token == 4 && r.F == fUnlead })
+	r = check(h)
+	require.Equal(t, 1, r.Violations[invSignal], "never stepped down: %v", r.Details)
+}
