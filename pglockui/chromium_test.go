@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,14 +143,31 @@ func newTab(t testing.TB) *tab {
 	return tb
 }
 
-// do runs actions in the tab within d.
+// do runs actions in the tab within d. An action whose node the page replaced between
+// finding it and using it (a live update re-renders the tables: "Could not find node
+// with given id", in a fresh-clone CI run, on a click) runs again: the node went away
+// before any input was sent to it.
 func (tb *tab) do(d time.Duration, actions ...chromedp.Action[chromedp.Void]) {
 	tb.t.Helper()
 	ctx, cancel := context.WithTimeout(tb.ctx, d)
 	defer cancel()
-	if err := chromedp.Do(ctx, actions...); err != nil {
-		tb.t.Fatalf("browser: %v", err)
+	for {
+		err := chromedp.Do(ctx, actions...)
+		if err == nil {
+			return
+		}
+		if !nodeGone(err) || ctx.Err() != nil {
+			tb.t.Fatalf("browser: %v", err)
+		}
 	}
+}
+
+// nodeGone reports whether err says that a node the action had found is no longer in
+// the page.
+func nodeGone(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Could not find node with given id") || strings.Contains(msg, "No node with given id") ||
+		strings.Contains(msg, "Node is detached from document")
 }
 
 // eval evaluates a JavaScript expression in the page and decodes its value.
