@@ -296,7 +296,7 @@ const method = `## How it works
   tick's number names it in every worker), which writes its tick to a row, fenced by its lease with ` + "`FenceHeld`" + `.
   On SIGTERM a worker calls ` + "`Close`" + ` while all this runs.
 - **Nemesis** (one fault at a time, random order and timing from the seed): *pause* SIGSTOPs a worker that holds a
-  lock, between a read and its write when one is (as its history's tail says), for 2 to 4 ttl, then SIGCONTs it; *kill* SIGKILLs one and starts a new one in its slot; *stop* SIGTERMs a
+  lock, between a read and its write when one is (as its history's tail says), for 2 to 4 ttl, then SIGCONTs it (a run's first fault is a pause); *kill* SIGKILLs one and starts a new one in its slot; *stop* SIGTERMs a
   worker that is inside a ` + "`WithLock`" + ` section (as its history's tail says), so that ` + "`Close`" + ` cancels the section
   mid-way, waits for it to exit and starts a new one; *terminate* runs ` + "`pg_terminate_backend`" + ` on the backends
   of one worker (its database and ` + "`application_name`" + ` only); *partition* black-holes a worker's proxy (no byte
