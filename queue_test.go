@@ -360,6 +360,18 @@ func TestQueuePollTellsThePlace(t *testing.T) {
 	require.Equal(t, -1, ahead, "the claim")
 }
 
+// creatingNewKey begins a transaction that takes the new key "new" for "creator" and
+// leaves it open (rolled back when the test ends), and returns it with its token.
+func creatingNewKey(ctx context.Context, t *testing.T, pool *pgxpool.Pool) (pgx.Tx, int64) {
+	t.Helper()
+	creating, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = creating.Rollback(context.Background()) })
+	var token int64
+	require.NoError(t, creating.QueryRow(ctx, "SELECT pglock.lock_acquire('new', 'creator', 60000)").Scan(&token))
+	return creating, token
+}
+
 // TestTakingANewKeyDoesNotWaitForAnotherCreatingIt: while a transaction creates a new
 // key's row (its first acquisition, uncommitted), another acquisition of that key is
 // refused at once, plain or fair (the fair one is queued), instead of waiting for that
@@ -372,11 +384,7 @@ func TestTakingANewKeyDoesNotWaitForAnotherCreatingIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	pool := pglocktest.Postgres(t)
-	creating, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = creating.Rollback(context.WithoutCancel(ctx)) }()
-	var token int64
-	require.NoError(t, creating.QueryRow(ctx, "SELECT pglock.lock_acquire('new', 'creator', 60000)").Scan(&token))
+	creating, token := creatingNewKey(ctx, t, pool)
 
 	withLockTimeout := func(sql string, dest ...any) error {
 		return scanWithLockTimeout(ctx, pool, "500ms", sql, dest...)
@@ -413,11 +421,7 @@ func TestAWaitersAttemptMarksANewKeyOnceItsCreationEnds(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
 			pool := pglocktest.Postgres(t)
-			creating, err := pool.Begin(ctx)
-			require.NoError(t, err)
-			defer func() { _ = creating.Rollback(context.WithoutCancel(ctx)) }()
-			var token int64
-			require.NoError(t, creating.QueryRow(ctx, "SELECT pglock.lock_acquire('new', 'creator', 60000)").Scan(&token))
+			creating, _ := creatingNewKey(ctx, t, pool)
 
 			got := make(chan int64, 1)
 			go func() {
