@@ -58,9 +58,9 @@ func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.en
 // runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
 // releases; with New, it goes as a renewal does, on an idle connection of the pool or
 // one of the client's own, never behind the application's use of a busy pool (the
-// lock is no longer renewed meanwhile). It returns nil, a *LockLostError (ErrLockLost) when the lock was lost
-// before, ErrClosed when Close left it to expire, or the store's error (the lock then
-// expires after its ttl).
+// lock is no longer renewed meanwhile). It returns nil, a *LockLostError (ErrLockLost)
+// when the lock was lost before, ErrClosed when Close left it to expire, or the store's
+// error (the lock then expires after its ttl).
 //
 // On PostgreSQL a release does not wait for its commit to reach the disk (migration
 // 000009): a crash right after it can bring the lock back, held by this owner and

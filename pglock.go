@@ -635,8 +635,9 @@ func detached(ctx context.Context) (context.Context, context.CancelFunc) {
 // (renewals.Release): a lock being released is no longer renewed, so a release queued
 // behind the application's use of a busy pool (a service shutting down, its requests
 // still running) would land after the expiry, and the next holder would wait for it.
-// A failed call is tried once more: a pooled connection whose backend was terminated fails its next
-// statement, and a lock left to expire would hold up the next holder for a whole ttl.
+// A failed call is tried once more: a pooled connection whose backend was terminated
+// fails its next statement, and a lock left to expire would hold up the next holder for
+// a whole ttl.
 // released reports whether a call found the lock held by owner and released it; unsure,
 // that the first call failed and the second found nothing: the first may have released
 // it before failing, or the lock was gone already.
