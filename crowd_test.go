@@ -47,7 +47,7 @@ func (d *durations) add(v time.Duration) {
 	d.mu.Unlock()
 }
 
-func (s countingStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
+func (s countingStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
 	s.attempts.Add(1)
 	return s.postgresStore.queueAcquire(ctx, t, owner, ttl)
 }
@@ -306,7 +306,8 @@ func openAll(ctx context.Context, tb testing.TB, pool *pgxpool.Pool) {
 }
 
 // waitOnce has c wait once for a key held by another client, so that c's listener is up
-// (as a client's that has waited before): it returns when the listener listens.
+// (as a client's that has waited before): it returns when the listener listens and the
+// renewals' own connections are open.
 func waitOnce(ctx context.Context, tb testing.TB, c *Client, key string) {
 	tb.Helper()
 	_, _, err := c.store.Acquire(ctx, key, "someone else", time.Minute)
@@ -321,6 +322,16 @@ func waitOnce(ctx context.Context, tb testing.TB, c *Client, key string) {
 	require.Eventually(tb, c.listener.listening, 10*time.Second, time.Millisecond, "the listener of a waiting client is up")
 	stop()
 	<-done
+	// And its renewals' own connections, which a client opens when it first holds a
+	// lock (renewals.warm): up in a client that has run a while.
+	c.renewals.warm()
+	c.renewals.mu.Lock()
+	own := c.renewals.own
+	c.renewals.mu.Unlock()
+	if own != nil {
+		require.Eventually(tb, func() bool { return own.Stat().IdleConns() == renewalConns }, 10*time.Second,
+			time.Millisecond, "the renewals' own connections are up")
+	}
 }
 
 // TestCrowdNeverLetsTwoInAndNeverLosesAWakeUp: 20 waiters over 5 clients whose clock is

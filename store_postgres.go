@@ -97,8 +97,12 @@ type renewals struct {
 }
 
 func newRenewals(store Store) *renewals {
-	s, ok := store.(*postgresStore)
-	if !ok || s.pgx == nil {
+	p, ok := store.(interface{ postgres() *postgresStore })
+	if !ok {
+		return &renewals{}
+	}
+	s := p.postgres()
+	if s.pgx == nil {
 		return &renewals{}
 	}
 	pool, ok := s.pgx.db.(*pgxpool.Pool)
@@ -469,17 +473,21 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 
 func (s *postgresStore) pglockStore() {}
 
-func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
+// postgres returns s, for newRenewals: so does a type that embeds it (the crowd
+// benchmark's counting store), whose clients then renew and release as New's do.
+func (s *postgresStore) postgres() *postgresStore { return s }
+
+func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
 	if err := checkQueueCall(t, owner, ttl); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	var token, ticket sql.NullInt64
-	var permit sql.NullInt32
-	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket, q.permit FROM pglock.queue_acquire($1, $2, $3, $4) q`,
-		t.key, owner, ttlMillis(ttl), t.permits).Scan(&token, &ticket, &permit); err != nil {
-		return 0, 0, 0, storeError(err, "acquire %q in its queue", t.key)
+	var permit, ahead sql.NullInt32
+	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket, q.permit, q.ahead FROM pglock.queue_acquire($1, $2, $3, $4) q`,
+		t.key, owner, ttlMillis(ttl), t.permits).Scan(&token, &ticket, &permit, &ahead); err != nil {
+		return 0, 0, 0, 0, storeError(err, "acquire %q in its queue", t.key)
 	}
-	return int(permit.Int32), token.Int64, ticket.Int64, nil
+	return int(permit.Int32), token.Int64, ticket.Int64, int(ahead.Int32), nil
 }
 
 func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
