@@ -126,16 +126,17 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 		// claims behind it. While the listener's first connection is under way (a
 		// second or more on a loaded machine) no grant can wake the waiter: the first
 		// of the client's waiters in the queue polls as a plain waiter's head does then
-		// (startingPoll), and so do the few waiters that their last poll found next in
-		// line, the nearer the faster (nearPoll). The head of a lock's queue, which the
-		// next grant goes to, is the first of its client's waiters, whatever the
-		// clients: one waiter per client polls, as in a plain crowd, and a grant is
-		// claimed within startingPollEvery; and the waiter that a grant goes to mostly
-		// polls every few milliseconds by then, having been next but one. (Only the
-		// head polling, the next head found out at its next heartbeat, up to Q/4 later:
-		// the start of a crowd of 100 fair waiters over 20 clients had a handover p99
-		// of 117-208 ms, against 54-94 ms plain; with the firsts polling but not the
-		// next in line, 104-142 ms.)
+		// (startingPoll), and so do the few waiters that their queueing or last poll
+		// found next in line, the nearer the faster (nearPoll). The head of a lock's
+		// queue, which the next grant goes to, is the first of its client's waiters,
+		// whatever the clients: one waiter per client polls, as in a plain crowd, and a
+		// grant is claimed within startingPollEvery; and the waiter that a grant goes to
+		// mostly polls every few milliseconds by then, having been next but one. (Only
+		// the head polling, the next head found out at its next heartbeat, up to Q/4
+		// later: the start of a crowd of 100 fair waiters over 20 clients had a handover
+		// p99 of 117-208 ms, against 54-94 ms plain; with the firsts polling but not the
+		// next in line, 104-142 ms. Until queueing told the place (000026), the first
+		// grant of a crowd went to a waiter that had not polled yet, at the firsts' pace.)
 		pause := queueHeartbeat - rand.N(queueHeartbeat/4)
 		var every time.Duration // the longest pause while the listener starts; 0: the heartbeat's
 		if c.listener.isStarting() {
@@ -164,15 +165,16 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 	}
 }
 
-// maxAhead is how far queue_poll counts the waiters ahead of the caller (000024).
+// maxAhead is how far queue_poll (000024) and queue_acquire (000026) count the waiters
+// ahead of the caller.
 const maxAhead = 8
 
 // nearPoll is the longest pause, while the listener starts, of a fair waiter with ahead
 // live waiters before it that wait for a grant: 5 ms for the head, then 10 and 20; 0
-// (none of its own) for a waiter further back or not polled yet. Only these poll this
-// fast, a few per key: the next grant goes to the head, and the one after to the waiter
-// behind it, which should poll fast by the time it becomes the head (two handovers, one
-// of which is a claim and a hold of a few milliseconds).
+// (none of its own) for a waiter further back or whose place is unknown. Only these
+// poll this fast, a few per key: the next grant goes to the head, and the one after to
+// the waiter behind it, which should poll fast by the time it becomes the head (two
+// handovers, one of which is a claim and a hold of a few milliseconds).
 func nearPoll(ahead int) time.Duration {
 	if ahead < 0 || ahead > 2 {
 		return 0
@@ -190,7 +192,7 @@ type fairWaiter struct {
 	ticket int64 // 0 while not queued
 	lined  int64 // the ticket under which the client's line of the queue has it, 0: none
 	unsure bool  // the last queue_acquire failed after it may have reached the server
-	ahead  int   // live waiters ahead of it that wait for a grant, as its last poll counted; -1: not polled
+	ahead  int   // live waiters ahead of it that wait for a grant, by its queueing or last poll; -1: unknown
 }
 
 // line names the waiter's queue among the client's lines: a semaphore's is apart from
@@ -223,9 +225,12 @@ func (q *fairWaiter) unline() {
 // and token of what it took or claimed, a 0 token while waiting.
 func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 	if q.ticket == 0 {
-		permit, token, ticket, err := q.b.queueAcquire(ctx, q.t, q.owner, q.ttl)
+		permit, token, ticket, ahead, err := q.b.queueAcquire(ctx, q.t, q.owner, q.ttl)
 		q.unsure = err != nil && mayHaveReached(err)
-		q.ticket, q.ahead = ticket, -1 // until its first poll says
+		q.ticket, q.ahead = ticket, ahead
+		if err != nil {
+			q.ahead = -1
+		}
 		return permit, token, err
 	}
 	permit, token, queued, ahead, err := q.b.queuePoll(ctx, q.t.key, q.ticket)

@@ -69,11 +69,11 @@ func TestPruneOnTheMemoryStoreDeletesDeadWaiters(t *testing.T) {
 	_, ok, err := store.Acquire(ctx, "k", "holder", time.Hour)
 	require.NoError(t, err)
 	require.True(t, ok)
-	_, _, dead, err := store.queueAcquire(ctx, target{key: "k"}, "dead", time.Minute)
+	_, _, dead, _, err := store.queueAcquire(ctx, target{key: "k"}, "dead", time.Minute)
 	require.NoError(t, err)
 	require.Positive(t, dead)
 	clock.now = clock.now.Add(50 * time.Second)
-	_, _, alive, err := store.queueAcquire(ctx, target{key: "k"}, "alive", time.Minute)
+	_, _, alive, _, err := store.queueAcquire(ctx, target{key: "k"}, "alive", time.Minute)
 	require.NoError(t, err)
 	clock.now = clock.now.Add(11 * time.Second)
 
@@ -94,8 +94,9 @@ func (c *steppedClock) Now() time.Time { return c.now }
 
 func (c *steppedClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
 
-// TestMemoryQueuePollTellsThePlace: as queue_poll (000024), the memory store tells a
-// queued waiter how many live waiters ahead of it wait for a grant.
+// TestMemoryQueuePollTellsThePlace: as queue_poll (000024) and queue_acquire (000026),
+// the memory store tells a queued waiter how many live waiters ahead of it wait for a
+// grant.
 func TestMemoryQueuePollTellsThePlace(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -106,8 +107,10 @@ func TestMemoryQueuePollTellsThePlace(t *testing.T) {
 	require.True(t, ok)
 	var tickets [2]int64
 	for i := range tickets {
-		_, _, tickets[i], err = store.queueAcquire(ctx, target{key: "k"}, "w"+string(rune('0'+i)), time.Minute)
+		var ahead int
+		_, _, tickets[i], ahead, err = store.queueAcquire(ctx, target{key: "k"}, "w"+string(rune('0'+i)), time.Minute)
 		require.NoError(t, err)
+		require.Equal(t, i, ahead, "queueing, waiter %d", i)
 	}
 	for i, want := range []int{0, 1} {
 		_, _, queued, ahead, err := store.queuePoll(ctx, "k", tickets[i])
@@ -123,7 +126,7 @@ func TestMemoryQueuePollTellsThePlace(t *testing.T) {
 
 // TestNearPollIsFasterTheNearerTheHead: while the listener starts, the head of the queue
 // polls every 5 ms at most, the two behind it every 10 and 20 ms, and a waiter further
-// back, or not polled yet, has no pace of its own (the first of its client's waiters
+// back, or whose place is unknown, has no pace of its own (the first of its client's waiters
 // polls every startingPollEvery; the others keep the heartbeat).
 func TestNearPollIsFasterTheNearerTheHead(t *testing.T) {
 	t.Parallel()

@@ -312,8 +312,8 @@ func TestQueueFunctionsRefuseBadInput(t *testing.T) {
 	require.Empty(t, lockKeys(t, pool))
 }
 
-// TestQueuePollTellsThePlace: a poll tells a queued waiter how many live waiters ahead
-// of it wait for a grant (up to 8), and whether the next grant is its (head: none):
+// TestQueuePollTellsThePlace: queueing (000026) and each poll tell a queued waiter how
+// many live waiters ahead of it wait for a grant (up to 8), and a poll whether the next grant is its (head: none):
 // the head of the live waiters; the one behind it once the head stops polling for Q
 // (dead) or has a grant to claim; never a waiter whose poll claimed or took the key.
 func TestQueuePollTellsThePlace(t *testing.T) {
@@ -324,7 +324,10 @@ func TestQueuePollTellsThePlace(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'holder', 60000)").Scan(&token))
 	tickets := make([]int64, 11)
 	for i := range tickets {
-		require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', $1, 60000, 0)", fmt.Sprint("w", i)).Scan(&tickets[i]))
+		var ahead int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT ticket, ahead FROM pglock.queue_acquire('k', $1, 60000, 0)", fmt.Sprint("w", i)).
+			Scan(&tickets[i], &ahead))
+		require.Equal(t, min(i, 8), ahead, "queueing, waiter %d", i)
 	}
 	poll := func(ticket int64) (queued, head bool, ahead int) {
 		t.Helper()

@@ -101,8 +101,8 @@ type backend interface {
 
 	// queueAcquire takes t for owner for ttl when it is free and no live fair waiter
 	// is queued on it (token > 0, ticket 0; for a semaphore, its lowest free permit),
-	// or queues owner (ticket > 0, token 0). See Fair.
-	queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (permit int, token, ticket int64, err error)
+	// or queues owner (ticket > 0, token 0) and returns ahead as queuePoll does. See Fair.
+	queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (permit int, token, ticket int64, ahead int, err error)
 	// queuePoll polls a queued waiter of key (a lock's or a semaphore's): it claims
 	// what was granted to it, or takes the key (a free permit) when its turn has come,
 	// and returns its token (and permit) with queued false; else it records that the

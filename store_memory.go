@@ -192,9 +192,9 @@ func (s *memoryStore) dequeue(key string, i int) {
 	s.waiters[key] = q
 }
 
-func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, error) {
+func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
 	if err := checkQueueCall(t, owner, ttl); err != nil {
-		return 0, 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -203,19 +203,19 @@ func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, tt
 		qkey = semQueue(t.key)
 		if !s.queued(qkey, 0) {
 			if permit, token := s.semTake(t.key, owner, ttl, t.permits); token > 0 {
-				return permit, token, 0, nil
+				return permit, token, 0, 0, nil
 			}
 		}
 	} else if !s.queued(qkey, 0) {
 		if token := s.take(qkey, owner, ttl); token > 0 {
-			return 0, token, 0, nil
+			return 0, token, 0, 0, nil
 		}
 	}
 	now := s.clock.Now()
 	q := slices.DeleteFunc(s.waiters[qkey], func(w *memoryWaiter) bool { return w.seen.Before(now.Add(-time.Minute)) })
 	s.tickets++
 	s.waiters[qkey] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, permits: t.permits, seen: now})
-	return 0, 0, s.tickets, nil
+	return 0, 0, s.tickets, min(s.waiting(qkey, s.tickets), maxAhead), nil
 }
 
 func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, int, error) {

@@ -344,7 +344,7 @@ func (w watchedBackend) jobStatuses(ctx context.Context) (_ []JobStatus, err err
 	return w.b.jobStatuses(ctx)
 }
 
-func (w watchedBackend) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (_ int, _, _ int64, err error) {
+func (w watchedBackend) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (_ int, _, _ int64, _ int, err error) {
 	defer w.k.end(w.k.begin(ctx, "acquire", ttl, false), &err)
 	return w.b.queueAcquire(ctx, t, owner, ttl)
 }
