@@ -1,6 +1,5 @@
 -- queue_acquire as 000023 defined it, without ahead.
 DROP FUNCTION IF EXISTS pglock.queue_acquire(text, text, bigint, integer);
-DROP FUNCTION IF EXISTS pglock.queue_ahead(text, bigint);
 CREATE FUNCTION pglock.queue_acquire(key text, owner text, ttl_ms bigint, permits integer,
     OUT fencing_token bigint, OUT ticket bigint, OUT permit integer)
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$

@@ -3,23 +3,10 @@
 -- starts (its first connection: a second or more on a loaded machine), the waiters
 -- nearest the head poll every few milliseconds (queue.go's nearPoll), since no grant
 -- can wake them; but a waiter learnt its place only at its first poll, so the first
--- grant of a crowd's start went to a waiter that polled every 20-40 ms: the claim of
--- that grant was the slowest handover of a cold start of 100 fair waiters over 20
--- clients (BENCHMARKS.md). A new result column needs a DROP (its grants go with it,
--- given back below as 000021 gives them); the columns before it are unchanged, for a
--- client of schema 25 during a rolling upgrade.
-
--- queue_ahead counts the live waiters of queue key (a lock's key, or a semaphore's with
--- U+001F) ahead of ticket that wait for a grant, up to 8: queue_poll's ahead.
-CREATE OR REPLACE FUNCTION pglock.queue_ahead(key text, ticket bigint) RETURNS integer
-LANGUAGE sql VOLATILE STRICT SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT count(*)::integer
-    FROM (SELECT FROM pglock.waiters o
-          WHERE o.key = queue_ahead.key AND o.ticket < queue_ahead.ticket AND o.granted IS NULL
-            AND o.seen_at > clock_timestamp() - interval '1 second'
-          LIMIT 8) a
-$$;
-REVOKE ALL ON FUNCTION pglock.queue_ahead(text, bigint) FROM PUBLIC;
+-- grant of a crowd's start went to a waiter that polled every 20-40 ms, the pace of the
+-- first waiter of each client (BENCHMARKS.md, session 12). A new result column needs a
+-- DROP (its grants go with it, given back below as 000021 gives them); the columns
+-- before it are unchanged, for a client of schema 25 during a rolling upgrade.
 
 DROP FUNCTION IF EXISTS pglock.queue_acquire(text, text, bigint, integer);
 CREATE FUNCTION pglock.queue_acquire(key text, owner text, ttl_ms bigint, permits integer,
@@ -51,7 +38,11 @@ BEGIN
         VALUES (queue_acquire.key || chr(31), queue_acquire.owner, queue_acquire.ttl_ms, queue_acquire.permits,
                 clock_timestamp())
         RETURNING w.ticket INTO ticket;
-        ahead := pglock.queue_ahead(queue_acquire.key || chr(31), ticket);
+        ahead := (SELECT count(*)::integer
+                 FROM (SELECT FROM pglock.waiters o
+                       WHERE o.key = queue_acquire.key || chr(31) AND o.ticket < queue_acquire.ticket AND o.granted IS NULL
+                         AND o.seen_at > clock_timestamp() - interval '1 second'
+                       LIMIT 8) a);
         RETURN;
     END IF;
     -- A lock: beside the other waiters of the key that queue at once, ahead of a
@@ -71,7 +62,11 @@ BEGIN
     INSERT INTO pglock.waiters AS w (key, owner, ttl_ms, permits, seen_at)
     VALUES (queue_acquire.key, queue_acquire.owner, queue_acquire.ttl_ms, 0, clock_timestamp())
     RETURNING w.ticket INTO ticket;
-    ahead := pglock.queue_ahead(queue_acquire.key, ticket);
+    ahead := (SELECT count(*)::integer
+             FROM (SELECT FROM pglock.waiters o
+                   WHERE o.key = queue_acquire.key AND o.ticket < queue_acquire.ticket AND o.granted IS NULL
+                     AND o.seen_at > clock_timestamp() - interval '1 second'
+                   LIMIT 8) a);
 END $$;
 
 REVOKE ALL ON FUNCTION pglock.queue_acquire(text, text, bigint, integer) FROM PUBLIC;
