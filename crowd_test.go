@@ -576,3 +576,28 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	require.ErrorIs(t, <-parked, context.Canceled)
 	require.NoError(t, l.Release(ctx))
 }
+
+// TestCrowdClientsRenewAndReleaseAsNewsDo: a client on the crowd's counting store (a
+// PostgreSQL store underneath) has the renewals' own connections, as a client of New:
+// without them the crowd measured releases through the application's pool, a path no
+// client of New takes (BENCHMARKS.md, session 12). Its lock is released through them.
+func TestCrowdClientsRenewAndReleaseAsNewsDo(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := fenceTestDB(t)
+	var attempts, marks, polls, claims atomic.Int64
+	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks,
+		polls: &polls, claims: &claims, claimCalls: &durations{}}
+	c, err := newClient(store, "New", []ClientOption{WithoutListener()})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c.Close(context.Background())) }()
+	require.True(t, c.renewals.active(), "the counting store's client has no renewals' connections of its own")
+	l, err := c.TryAcquire(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), attempts.Load(), "the acquisition went through the counting store")
+	c.renewals.mu.Lock()
+	own := c.renewals.own
+	c.renewals.mu.Unlock()
+	require.NotNil(t, own, "no own connections made at the first lock")
+	require.NoError(t, l.Release(ctx))
+}
