@@ -90,6 +90,7 @@ type Stats struct {
 	Tables                  map[string]*TableStats
 	TickRuns                int // job runs, on the clients
 	TickZombies             int // runs by an owner whose lease had expired (paused), refused by the fence
+	TickCutOff              int // runs whose lease a fault let expire under them before another worker ran the tick
 	LeaderTerms             int
 	Faults                  map[string]int
 	LostSignals             map[string]int // by reason
@@ -192,10 +193,11 @@ type checker struct {
 	ops     map[string][]Record // by op, in file order
 
 	// The evidence (see evidence.go).
-	stalled  map[string][]span   // when each worker, and the controller (""), did not run
-	calls    map[string][]Record // pglock's calls, by worker
-	renewals map[string][]Record // EventRenewal, by worker
-	waits    map[string][]Wait   // pglock statements seen waiting in the server, by worker
+	stalled  map[string][]span     // when each worker, and the controller (""), did not run
+	calls    map[string][]Record   // pglock's calls, by worker
+	renewals map[string][]Record   // EventRenewal, by worker
+	waits    map[string][]Wait     // pglock statements seen waiting in the server, by worker
+	onDiskAt map[int32][]time.Time // when each server process was seen waiting on the disk (onDisk)
 }
 
 // check verifies the invariants on h.
@@ -744,6 +746,19 @@ func (c *checker) leader() {
 	}
 }
 
+// cutOffInRun reports whether tick run r, begun under live lease l, lost l to a fault:
+// l expired (it was not released) before the tick's last run began at lastRun, a fault
+// hit r's worker or the server between r and l's expiry, and the worker was told of the
+// loss (its ctx cancelled, or EventLost) by lastRun.
+func (c *checker) cutOffInRun(r Record, l *lease, lastRun time.Time) bool {
+	if !l.end().Equal(l.expires) || !l.expires.Before(lastRun) || !c.faulted(r.Worker, r.Local, l.expires, allFaults...) {
+		return false
+	}
+	return slices.ContainsFunc(c.recs[r.Worker], func(e Record) bool {
+		return (e.F == fCtxLost || e.F == string(pglock.EventLost)) && e.Token == l.token && !e.Local.After(lastRun)
+	})
+}
+
 func minTime(a, b time.Time) time.Time {
 	if a.Before(b) {
 		return a
@@ -753,7 +768,9 @@ func minTime(a, b time.Time) time.Time {
 
 // job checks invariant 5: in the database, no tick was recorded twice and the job's
 // tokens never went back; on the clients, a tick ran on two workers only when all but
-// one were owners whose lease had expired while they were paused.
+// one were owners whose lease had expired while they were paused, or whose lease a
+// fault let expire during their run, and who were told before the last run began
+// (cutOffInRun).
 func (c *checker) job() {
 	byKey, _ := c.applied(tableJob)
 	seen := map[int64]string{}
@@ -777,7 +794,9 @@ func (c *checker) job() {
 	}
 	for _, n := range slices.Sorted(maps.Keys(runs)) {
 		rs := runs[n]
+		lastRun := slices.MaxFunc(rs, func(a, b Record) int { return a.Local.Compare(b.Local) }).Local
 		live, cut := 0, 0 // cut: live on the old primary, on a lease a failover lost
+		cutOff := 0       // live, then cut off by a fault and told so before the last run began
 		for _, r := range rs {
 			l := c.byToken[keyToken{jobLeaseKey, r.Token}]
 			switch {
@@ -787,6 +806,8 @@ func (c *checker) job() {
 				live++
 				if c.failoverAllows(jobLeaseKey, r.Token, r.Local) {
 					cut++
+				} else if c.cutOffInRun(r, l, lastRun) {
+					cutOff++
 				}
 			case c.failoverAllows(jobLeaseKey, r.Token, r.Local):
 				c.r.Stats.Failover.Ticks++
@@ -797,12 +818,17 @@ func (c *checker) job() {
 			}
 		}
 		switch {
-		case live > 1 && live-cut <= 1:
+		case live > 1 && live-cut-cutOff <= 1:
 			// The run on the old primary under a lease an asynchronous failover lost (its
 			// acquisition or a renewal), and the tick again on the new primary, which
 			// lacks that run's lease: what the failover allows (README, "Asynchronous
-			// replication").
+			// replication"). Or a run whose lease a fault let expire under it (the
+			// server down for longer than the ttl: a failover's outage), whose ctx was
+			// cancelled before another worker, whose own run had been held up by the same
+			// outage, took the lease and ran the tick: leases never overlapped, and the
+			// first run knew it had lost before the second began.
 			c.r.Stats.Failover.Ticks += cut
+			c.r.Stats.TickCutOff += cutOff
 		case live > 1:
 			c.r.violate(invJob, "tick %d ran on %d workers with live leases", n, live)
 		}

@@ -13,7 +13,8 @@ import (
 // loss is excused only when the evidence shows that the machine, not pglock, made it:
 // the process whose timers had to act (the worker) or the link (the controller, which
 // runs every worker's proxy) did not run, or the server's commits waited on the disk
-// (the WAL), for most of the time in which pglock had to act. Anything else is a
+// (the WAL, a page, a file's extension) or on a synchronous standby, for most of the
+// time in which pglock had to act. Anything else is a
 // violation, and its detail says what the calls did.
 
 // span is an interval of time.
@@ -59,17 +60,73 @@ func (c *checker) indexEvidence() {
 		c.stalled[""] = append(c.stalled[""], span{s.Due, s.Ran})
 	}
 	c.waits = map[string][]Wait{}
+	c.onDiskAt = map[int32][]time.Time{}
 	for _, w := range c.h.Waits {
 		c.waits[w.Worker] = append(c.waits[w.Worker], w)
+		if onDisk(w) {
+			c.onDiskAt[w.PID] = append(c.onDiskAt[w.PID], w.At)
+		}
 	}
+}
+
+// leaseCalls are the functions whose statements carry a worker's leases to the
+// database: its acquisitions (lock_acquire_or_want among them) and its renewals. A
+// lease's deadline counts from the send of the last of them that the database applied.
+var leaseCalls = []string{"lock_acquire", "sem_acquire", "lock_renew"}
+
+// onDisk reports whether a sampled wait is on the server's disk or on its synchronous
+// standby: any I/O (IO: writing or flushing the WAL, reading a page); the WAL's internal
+// locks (LWLock WAL*); a page held by a backend that waits on the same
+// (LWLock/BufferContent: held for one page access, never across a round trip to a
+// client); a table file's extension (Lock/extend); or the standby's confirmation of a
+// commit (IPC/SyncRep). None is a lock that pglock holds for a client.
+func onDisk(w Wait) bool {
+	switch w.Type {
+	case "IO":
+		return true
+	case "LWLock":
+		return strings.HasPrefix(w.Event, "WAL") || w.Event == "BufferContent"
+	case "Lock":
+		return w.Event == "extend"
+	case "IPC":
+		return w.Event == "SyncRep"
+	}
+	return false
+}
+
+// isRowLock reports whether a sampled wait is on another transaction's row lock (a
+// tuple's lock, or the end of the transaction that holds the row).
+func isRowLock(w Wait) bool {
+	return w.Type == "Lock" && (w.Event == "tuple" || w.Event == "transactionid")
+}
+
+// behindDisk reports whether a row-lock wait's blockers were all seen waiting on the
+// disk in the same sample (within waitSample of it): a transaction that holds the row
+// while its commit waits for the WAL flush or the standby holds it for the disk's sake.
+// A blocker that is idle in its transaction (a fenced transaction, a client that
+// paused) is never sampled, so its row lock stays pglock's.
+func (c *checker) behindDisk(w Wait) bool {
+	if len(w.Blockers) == 0 {
+		return false
+	}
+	for _, pid := range w.Blockers {
+		if !slices.ContainsFunc(c.onDiskAt[pid], func(t time.Time) bool {
+			d := t.Sub(w.At)
+			return d > -waitSample && d < waitSample
+		}) {
+			return false
+		}
+	}
+	return true
 }
 
 // machineDown returns how much of [from, to] the machine held pglock up: the worker or
 // the controller did not run (their stall watches' timers ran late), or the server kept
-// the worker's statements calling fn waiting for the WAL to be written and flushed (the
-// disk: a commit waits for its flush); and it says which, for a detail.
-func (c *checker) machineDown(worker, fn string, from, to time.Time, connecting ...span) (time.Duration, string) {
-	walSpans := c.walWaits(worker, fn)
+// the worker's statements calling one of fns waiting on the disk or the synchronous
+// standby (onDisk: a commit waits for its flush, and for the standby's); and it says
+// which, for a detail.
+func (c *checker) machineDown(worker string, fns []string, from, to time.Time, connecting ...span) (time.Duration, string) {
+	walSpans := c.diskWaits(worker, fns)
 	w, ctl, wal := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to), overlap(walSpans, from, to)
 	// A call needs all of them (the worker, its link, the server's flush, and a
 	// connection when its pool has none to spare) to move on: the time any of them was
@@ -82,8 +139,8 @@ func (c *checker) machineDown(worker, fn string, from, to time.Time, connecting 
 			}
 		}
 	}
-	why := fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited for the WAL for %v",
-		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), fn, wal.Round(time.Millisecond))
+	why := fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited on the disk or the standby for %v",
+		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), strings.Join(fns, ", "), wal.Round(time.Millisecond))
 	if len(connecting) > 0 {
 		why += fmt.Sprintf("; the server took over %v to open a connection for %v of it", slowConnect, overlap(union(connecting), from, to).Round(time.Millisecond))
 	}
@@ -110,10 +167,10 @@ func (c *checker) slowConnects(worker string) []span {
 	return union(out)
 }
 
-// walWaits returns, for each statement of worker calling fn that the controller saw
-// waiting to write or flush the WAL, the span from its first such sample to its last
-// plus the sampling period.
-func (c *checker) walWaits(worker, fn string) []span {
+// diskWaits returns, for each statement of worker calling one of fns that the
+// controller saw waiting on the disk or the standby (onDisk, or a row lock behind such a
+// wait), the span from its first such sample to its last plus the sampling period.
+func (c *checker) diskWaits(worker string, fns []string) []span {
 	type stmt struct {
 		pid   int32
 		since time.Time
@@ -121,7 +178,8 @@ func (c *checker) walWaits(worker, fn string) []span {
 	spans := map[stmt]*span{}
 	var order []stmt
 	for _, w := range c.waits[worker] {
-		if !strings.Contains(w.Query, "pglock."+fn) || !strings.HasPrefix(w.Event, "WAL") || (w.Type != "IO" && w.Type != "LWLock") {
+		if !slices.ContainsFunc(fns, func(fn string) bool { return strings.Contains(w.Query, "pglock."+fn) }) ||
+			!onDisk(w) && !(isRowLock(w) && c.behindDisk(w)) {
 			continue
 		}
 		k := stmt{w.PID, w.Since}
@@ -211,12 +269,13 @@ func (c *checker) connects(worker string, from, to time.Time) string {
 	return fmt.Sprintf("; the pool opened %d connections meanwhile, taking %s", len(ds), strings.Join(ds, ", "))
 }
 
-// rowLockWaits returns the sampled waits of worker's renewals on a row lock in [from, to]:
-// what the old batched renewal did behind a fenced transaction.
+// rowLockWaits returns the sampled waits of worker's renewals on a row lock in [from, to]
+// that no disk wait explains (behindDisk): what the old batched renewal did behind a
+// fenced transaction.
 func (c *checker) rowLockWaits(worker string, from, to time.Time) []Wait {
 	var ws []Wait
 	for _, w := range c.waits[worker] {
-		if w.Type == "Lock" && strings.Contains(w.Query, "lock_renew") && !w.At.Before(from) && !w.At.After(to) {
+		if isRowLock(w) && !c.behindDisk(w) && strings.Contains(w.Query, "lock_renew") && !w.At.Before(from) && !w.At.After(to) {
 			ws = append(ws, w)
 		}
 	}
@@ -253,7 +312,7 @@ func (c *checker) lossVerdict(worker string, l *lease, lostAt time.Time) (excuse
 			calls = append(calls, describeCall(r))
 		}
 	}
-	down, who := c.machineDown(worker, "lock_renew", due, deadline, c.slowConnects(worker)...)
+	down, who := c.machineDown(worker, leaseCalls, due, deadline, c.slowConnects(worker)...)
 	why = fmt.Sprintf("its last confirmed renewal was sent at %s: the next was due at %s, the deadline %s; %s", stamp(last), stamp(due), stamp(deadline), who)
 	if len(calls) == 0 {
 		why += "; no renewal of it was sent"
@@ -296,9 +355,9 @@ func (c *checker) ghostVerdict(l *lease) (excused bool, why string) {
 			acquisitions = append(acquisitions, describeCall(r))
 		}
 	}
-	acquire := "lock_acquire"
+	acquire := []string{"lock_acquire"}
 	if isPermit(l.key) {
-		acquire = "sem_acquire"
+		acquire = []string{"sem_acquire"}
 	}
 	down, who := c.machineDown(l.worker, acquire, l.start, l.expires, c.slowConnects(l.worker)...)
 	why = "granted at " + stamp(l.start) + ", expired at " + stamp(l.expires) + "; " + who

@@ -184,6 +184,43 @@ func TestCheckerFailoverTickRunTwice(t *testing.T) {
 	require.NotZero(t, r.Violations[invJob], "a synchronous failover loses no lease: %v", r.Details)
 }
 
+// A synchronous failover whose outage outlasts a lease: w1.1 runs a tick under its job
+// lease (token 11, last renewed at 11.2 s, so expiring at 12.2 s), the primary dies at
+// 12.0 s and the new one takes writes at 12.3 s, and w2.1, whose run of the same tick had
+// waited out the outage, takes the lease and runs the tick at 12.35 s. Leases never
+// overlapped, and w1.1's ctx was cancelled at 12.25 s, before w2.1's run: allowed, and
+// counted. Told after w2.1's run began, or with no fault to cut it off, it is not.
+func TestCheckerTickCutOffByAFailover(t *testing.T) {
+	t.Parallel()
+	cutOff := func(toldAt int, fault bool) *History {
+		h := withFailover(baseline(), failoverSync, timeline2)
+		if !fault {
+			h.Faults = slices.DeleteFunc(h.Faults, func(f Fault) bool { return f.Kind == faultFailover })
+		}
+		h.Failovers[0].Promoted = at(12300)
+		rec := func(r Record) { h.Records = append(h.Records, r) }
+		h.Leases = append(h.Leases, LeaseRow{ID: 120, Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, ExpiresAt: at(12000), At: at(11000)},
+			LeaseRow{ID: 121, Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, ExpiresAt: at(12200), At: at(11200)})
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventAcquired), Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, Local: at(11001)})
+		rec(Record{Worker: "w1.1", Type: typeInvoke, F: fTick, Key: jobLeaseKey, Op: "w1.1-tick", Token: 11, Wrote: 500, Local: at(11950)})
+		rec(Record{Worker: "w1.1", Type: typeEvent, F: fCtxLost, Key: jobLeaseKey, Owner: "w1.1/j2", Token: 11, Local: at(toldAt)})
+		h.Leases = append(h.Leases, LeaseRow{ID: 130, Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, ExpiresAt: at(13300), At: at(12300)},
+			LeaseRow{ID: 131, Key: jobLeaseKey, Token: timeline2 + 2, ExpiresAt: at(13300), At: at(12400)})
+		rec(Record{Worker: "w2.1", Type: typeEvent, F: string(pglock.EventAcquired), Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, Local: at(12301)})
+		rec(Record{Worker: "w2.1", Type: typeInvoke, F: fTick, Key: jobLeaseKey, Op: "w2.1-tick", Token: timeline2 + 2, Wrote: 500, Local: at(12350)})
+		rec(Record{Worker: "w2.1", Type: typeInvoke, F: fRelease, Key: jobLeaseKey, Owner: "w2.1/j", Token: timeline2 + 2, Local: at(12399)})
+		return h
+	}
+	r := check(cutOff(12250, true))
+	require.Zero(t, r.Violations[invJob], "%v", r.Details[invJob])
+	require.Equal(t, 1, r.Stats.TickCutOff)
+	r = check(cutOff(12400, true))
+	require.NotZero(t, r.Violations[invJob], "told after the other run began")
+	require.Contains(t, r.Details[invJob][0], "ran on 2 workers with live leases")
+	r = check(cutOff(12250, false))
+	require.NotZero(t, r.Violations[invJob], "no fault cut the lease off: %v", r.Details[invJob])
+}
+
 // A failover run writes its own section of the report file, and a run on one server
 // rewrites the rest, keeping the sections.
 func TestReportFileKeepsEachRunsSection(t *testing.T) {

@@ -130,8 +130,9 @@ type Stall struct {
 }
 
 // Wait is a pglock statement of a worker that the controller saw waiting in the server
-// (pg_stat_activity sampled every waitSample): on a lock (a row lock: Lock), on an
-// internal lock (LWLock, such as WALWrite) or on I/O (IO, such as WALSync).
+// (pg_stat_activity sampled every waitSample): on a lock (Lock: a row's, tuple or
+// transactionid; or a relation's extension, extend), on an internal lock (LWLock, such
+// as WALWrite), on I/O (IO, such as WALSync) or on a synchronous standby (IPC/SyncRep).
 type Wait struct {
 	At        time.Time `json:"at"` // the sample, on the database clock
 	Worker    string    `json:"w"`

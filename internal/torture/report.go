@@ -110,11 +110,11 @@ func summary(r *Result) string {
 		st.Sections, st.SectionCancels[cancelClosed], st.SectionCancels[cancelLost], st.SectionCancels[cancelOther])
 	p("| stops that landed in a WithLock section; the longest a section worked on after Close cancelled it | %d; %s |",
 		st.StoppedInSection, ms(st.SectionTail))
-	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls, WAL flushes) | %d / %d / %d / %d |",
+	p("| fenced transactions held open past the ttl / with a fault on their worker / their lock renewed meanwhile / a lock lost, the machine's doing (stalls, the disk, a synchronous standby) | %d / %d / %d / %d |",
 		st.LongTxs, st.LongTxsExcused, st.LongTxsRenewed, st.LongTxsStarved)
 	p("| probes (TryAcquire on a %v ctx): ok / not acquired / gave up (ctx ended, link failed) | %d / %d / %d |",
 		probeTimeout(cfg.TTL), st.Probes[0], st.Probes[1], st.Probes[2])
-	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for the machine (stalls, WAL flushes) | %d / %d / %d / %d |",
+	p("| ghost leases (granted, never known to their client) / left to expire / of those, excused for a fault / for the machine (stalls, the disk, a synchronous standby) | %d / %d / %d / %d |",
 		st.Ghosts, st.GhostsExpired, st.GhostsExcused, st.GhostsStarved)
 	if len(st.GhostTime) > 0 {
 		p("| ghost time (the key held by a ghost): p50 / p99 / max | %s / %s / %s |",
@@ -126,7 +126,7 @@ func summary(r *Result) string {
 		st.PermitLeases, st.MaxHolders, ms(st.SemaphoreFull))
 	p("| fenced writes under a permit (`FenceUpdate` on the permit's row, `FenceHeld` with the semaphore's key): ok / refused | %d / %d |",
 		st.PermitWrites[0], st.PermitWrites[1])
-	p("| job runs (ticks run, all workers) / by a paused owner, after its lease expired | %d / %d |", st.TickRuns, st.TickZombies)
+	p("| job runs (ticks run, all workers) / by a paused owner, after its lease expired / cut off by a fault, its lease expired under it | %d / %d / %d |", st.TickRuns, st.TickZombies, st.TickCutOff)
 	p("| leadership terms | %d |", st.LeaderTerms)
 	p("| history records | %d |", st.Records)
 	p("")
@@ -334,8 +334,9 @@ const method = `## How it works
    process, at most once; and no two workers believe they lead (from OnAcquired to the cancellation of its ctx) at
    the same time for longer than the slack, a paused leader's belief being cut at its lease's expiry (counted).
 5. The job's row never records a tick twice and its tokens never go back; on the clients, a tick runs on two
-   workers only when all but one are owners paused past their lease (whose fenced write was refused); no two job
-   leases overlap.
+   workers only when all but one are owners paused past their lease (whose fenced write was refused), or owners
+   whose lease a fault (a failover's outage) let expire during the run and who were told (their ctx cancelled)
+   before the other run began; no two job leases overlap.
 6. The unfenced table must lose increments (its final values below its accepted writes). If it does not, the
    pauses never hit a critical section and the run could not have caught a broken fence: the run fails as blind.
 7. While a worker keeps its fenced transaction open past the ttl, neither the transaction's lock nor the other lock
@@ -345,14 +346,16 @@ const method = `## How it works
    asked the pool for a connection, was sent and answered; the connections the pool opened), its renewals, and
    its stalls (a timer due every 10 ms that ran 30 ms late or more: the process, or its scheduler, did not run);
    the controller records its own stalls (it runs every worker's proxy) and samples the server for pglock
-   statements waiting on a lock, a lightweight lock or I/O. A loss is excused (counted apart) only when the worker
-   or the controller did not run, or the server kept the worker's renewals waiting for the WAL flush (the disk),
-   for half the time from the renewal's due time to the lock's deadline; never when its renewal waited on a row
-   lock. A renewal that waited for a pool connection is pglock's. Each violation says what the calls did.
+   statements waiting on a lock, a lightweight lock, I/O or a synchronous standby. A loss is excused (counted
+   apart) only when the worker or the controller did not run, or the server kept the worker's acquisitions and
+   renewals waiting on the disk (the WAL, a page, a file's extension) or the synchronous standby, for half the
+   time from the renewal's due time to the lock's deadline; never when its renewal waited on a row lock, unless
+   every holder of that row was itself seen waiting on the disk then (a commit waiting for its flush). A renewal
+   that waited for a pool connection is pglock's. Each violation says what the calls did.
 8. Every lease that no client learned it held (no acquired event, no successful probe: an acquisition whose ctx
    ended with its statement in flight) is handed back by its client rather than left to expire, unless its worker
    died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could,
-   or the worker or the controller did not run, or the acquisition's commit waited for the WAL flush, for half of
+   or the worker or the controller did not run, or the acquisition's commit waited on the disk or the standby, for half of
    the lease (counted apart: the hand-back follows the reply, which follows the commit). A slow link, and a hand-back
    that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
    time is how long such a lease held its key.

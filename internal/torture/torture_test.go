@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -763,6 +764,64 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	r = check(h)
 	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on the fenced row, stalls or not: %v", r.Details)
 	require.Contains(t, r.Details[invRenew][0], "waited on a row lock")
+
+	// The server's disk stalled under the renewal (a failover's rebuild: pg_basebackup of
+	// the new primary): it waited on pages held by backends waiting to insert WAL, on a
+	// table file's extension, then on the WAL's write. The machine's doing.
+	samples := func(w string, pid int32, typ, event, query string, from, to int) []Wait {
+		var ws []Wait
+		for ms := from; ms <= to; ms += 20 {
+			ws = append(ws, Wait{At: at(ms), Worker: w, PID: pid, Type: typ, Event: event, Query: query, Since: at(from - 5)})
+		}
+		return ws
+	}
+	const renew, acquire = "SELECT pglock.lock_renew_many($1::text[], $2::text[], $3)", "SELECT pglock.lock_acquire_or_want($1, $2, $3)"
+	// Each wait below alone covers most of the renewal's window (6666 to 7233).
+	diskStall := func(first string) *History {
+		typ, event, _ := strings.Cut(first, "/")
+		h := lostRenewals()
+		h.Waits = slices.Concat(samples("w2.1", 7, typ, event, renew, 6600, 7100),
+			samples("w2.1", 7, "LWLock", "WALWrite", renew, 7120, 7230))
+		return h
+	}
+	for _, first := range []string{"LWLock/BufferContent", "Lock/extend", "IO/DataFileRead"} {
+		r = check(diskStall(first))
+		require.False(t, r.Failed(), "the renewal waited on the disk (%s): %v", first, r.Details)
+		require.Equal(t, 1, r.Stats.LongTxsStarved)
+	}
+	r = check(diskStall("Lock/tuple"))
+	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on a row lock, then on the disk: %v", r.Details)
+
+	// The renewal waited on a row held by a transaction whose commit waited on the disk
+	// (its pid seen on WALSync in the same samples): the disk's doing; held by a
+	// transaction not seen waiting (a fenced one, idle in its transaction): pglock's.
+	behindDisk := func(blockerOnDisk bool) *History {
+		h := lostRenewals()
+		h.Waits = samples("w2.1", 7, "Lock", "transactionid", renew, 6600, 7230)
+		for i := range h.Waits {
+			h.Waits[i].Blockers = []int32{9}
+		}
+		if blockerOnDisk {
+			h.Waits = append(h.Waits, samples("w1.1", 9, "IO", "WALSync", "SELECT pglock.lock_want($1)", 6601, 7231)...)
+		}
+		return h
+	}
+	r = check(behindDisk(true))
+	require.False(t, r.Failed(), "the row's holder waited on the disk: %v", r.Details)
+	r = check(behindDisk(false))
+	require.Equal(t, 2, r.Violations[invRenew], "the row's holder was not seen waiting: %v", r.Details)
+	require.Contains(t, r.Details[invRenew][0], "waited on a row lock")
+
+	// The lease's acquisition (its last confirmation) waited for a synchronous standby
+	// that was catching up, until the renewal's window was nearly over: the standby's
+	// doing. The same wait on an advisory lock is pglock's.
+	h = lostRenewals()
+	h.Waits = samples("w2.1", 7, "IPC", "SyncRep", acquire, 6600, 7230)
+	r = check(h)
+	require.False(t, r.Failed(), "the acquisition waited for the synchronous standby: %v", r.Details)
+	h = lostRenewals()
+	h.Waits = samples("w2.1", 7, "Lock", "advisory", acquire, 6600, 7230)
+	require.Equal(t, 2, check(h).Violations[invRenew], "an acquisition that waited on an advisory lock")
 
 	h = paths(baseline()) // the old-deadline case: the short lock's ctx cancelled 967 ms after its expiry
 	for i, r := range h.Records {

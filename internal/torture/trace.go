@@ -166,8 +166,9 @@ func watchStalls(ctx context.Context, stalled func(due, ran time.Time)) {
 const waitSample = 20 * time.Millisecond
 
 // sampleWaits adds to waits, every waitSample until ctx ends, each pglock statement of a
-// worker that is waiting in the server on a lock, an internal lock or I/O, with what
-// blocks it: the evidence of what a late renewal waited on. It has a connection of its
+// worker that is waiting in the server on a lock, an internal lock, I/O or a synchronous
+// standby's confirmation of its commit (IPC/SyncRep), with what blocks it: the evidence
+// of what a late renewal waited on. It has a connection of its
 // own, opened again after an error (a restart).
 func sampleWaits(ctx context.Context, url string, add func(Wait)) {
 	const q = `SELECT clock_timestamp(), substr(a.application_name, length('pglock-torture/') + 1), a.pid,
@@ -175,7 +176,7 @@ func sampleWaits(ctx context.Context, url string, add func(Wait)) {
 	       coalesce((SELECT array_agg(left(b.query, 120)) FROM pg_stat_activity b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '{}')
 	FROM pg_stat_activity a
 	WHERE a.datname = current_database() AND a.application_name LIKE 'pglock-torture/%' AND a.state = 'active'
-	  AND a.wait_event_type IN ('Lock', 'LWLock', 'IO') AND (a.query LIKE '%pglock.lock\_%' OR a.query LIKE '%pglock.sem\_%')`
+	  AND (a.wait_event_type IN ('Lock', 'LWLock', 'IO') OR a.wait_event = 'SyncRep') AND (a.query LIKE '%pglock.lock\_%' OR a.query LIKE '%pglock.sem\_%')`
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
