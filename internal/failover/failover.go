@@ -20,7 +20,8 @@
 // failover loses nothing that a client was told about. Promote then drops the
 // synchronous standby from the new primary, as Patroni does when its synchronous standby
 // is gone (synchronous_mode without synchronous_mode_strict), so that it takes writes
-// before its own standby is rebuilt; Rebuild names the new standby again.
+// before its own standby is rebuilt; Rebuild names the new standby again once it streams
+// (caught up), as Patroni picks a synchronous standby among those that stream.
 //
 // In Asynchronous mode (the default of Patroni and CloudNativePG) a commit returns
 // before the standby has it, and a failover can lose the last commits the primary
@@ -328,20 +329,24 @@ func (c *Cluster) startStandby() error {
 		return err
 	}
 	c.standby = true
-	if c.mode == Synchronous {
-		if err := c.writeRole(prim, false); err != nil {
-			return err
-		}
-		if err := c.reload(prim); err != nil {
-			return err
-		}
+	if err := c.waitFor(prim, "standby "+s.name+" to stream",
+		"SELECT EXISTS (SELECT FROM pg_stat_replication WHERE application_name = '"+s.name+"' AND state = 'streaming')"); err != nil {
+		return err
 	}
-	state := "state = 'streaming'"
-	if c.mode == Synchronous {
-		state += " AND sync_state = 'sync'"
+	if c.mode != Synchronous {
+		return nil
 	}
-	return c.waitFor(prim, "standby "+s.name+" to stream",
-		"SELECT EXISTS (SELECT FROM pg_stat_replication WHERE application_name = '"+s.name+"' AND "+state+")")
+	// Only a standby that streams becomes the synchronous one, as Patroni picks it: named
+	// while it replays the WAL written since its base backup, it would hold every commit
+	// of the primary until it caught up (seconds of SyncRep waits in the torture test).
+	if err := c.writeRole(prim, false); err != nil {
+		return err
+	}
+	if err := c.reload(prim); err != nil {
+		return err
+	}
+	return c.waitFor(prim, "standby "+s.name+" to confirm commits",
+		"SELECT EXISTS (SELECT FROM pg_stat_replication WHERE application_name = '"+s.name+"' AND sync_state = 'sync')")
 }
 
 // writeRole writes s's failover.conf: as a standby, where its primary is; as the
