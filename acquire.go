@@ -339,7 +339,7 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 	if c.laterTimeline(token) {
 		c.reconfirm(sentAt)
 	}
-	c.renewals.warm()
+	c.renewals.warmSoon(ttl)
 	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.Int("permit", permit),
 		slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
 	c.events.emit(Event{Type: EventAcquired, Key: key, Permit: permit, Permits: t.permits, Owner: owner, Token: token,

@@ -53,8 +53,8 @@ type Client struct {
 // have the pglock schema (see Migrate). The pool stays the caller's: close it after
 // Client.Close. A renewal never waits for pool's connections behind the application:
 // when pool has no idle connection, it goes through a pool of the client's own of one
-// or two connections, made from pool's configuration when the client first holds a
-// lock (see NewPostgresStore). Unless WithoutListener is set, waiting also listens for releases on a
+// or two connections, made from pool's configuration soon after the client first holds
+// a lock (see NewPostgresStore). Unless WithoutListener is set, waiting also listens for releases on a
 // connection of its own, opened when first needed from the pool's configuration, or
 // from WithListenerConnString's (PostgreSQL itself when the pool goes through
 // PgBouncer). pglock's statements work through PgBouncer in transaction mode whatever

@@ -59,8 +59,8 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 				return n
 			}
 
-			// The client's own connections for renewals, opened when it first held a lock,
-			// are up before the application fills its pool (on a loaded machine, starting a
+			// The client's own connections for renewals, opened half-way to its first
+			// lock's first renewal, are up before the application fills its pool (on a loaded machine, starting a
 			// connection can take longer than this ttl).
 			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond)
 
@@ -108,14 +108,14 @@ func TestHandBacksNeverWaitBehindTheApplicationsPool(t *testing.T) {
 	c, err := pglock.New(pool, quiet, pglock.WithoutListener(), pglock.WithClock(pglocktest.NewManualClock(time.Now())))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	_, err = c.TryAcquire(ctx, "warm", pglock.TTL(time.Minute)) // the own pool is made
+	_, err = c.TryAcquire(ctx, "warm", pglock.TTL(3*time.Second)) // the own pool is made half a second later
 	require.NoError(t, err)
 	direct := pglocktest.Pool(t, url, 1)
 	var token *int64
 	require.NoError(t, direct.QueryRow(ctx, `SELECT pglock.lock_acquire('job', 'nobody', 60000)`).Scan(&token))
 	require.NotNil(t, token, "granted to an owner nobody knows")
 	require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond,
-		"pglock's own connections, opened when the client first held a lock")
+		"pglock's own connections, opened half-way to the first lock's first renewal")
 
 	app, stop := context.WithCancel(ctx)
 	var slow sync.WaitGroup

@@ -50,8 +50,9 @@ type Queryer interface {
 // wrapping ErrInvalidArgument, and NewWithStore refuses the store. A Client on a store
 // whose db is a *pgxpool.Pool never has a renewal wait for db's connections behind the
 // application: when db has no idle connection, it renews through a pool of its own of
-// two connections, made from db's configuration when the Client first holds a lock,
-// both kept open, closed by Client.Close (or on one of db's, should one come back
+// two connections, made from db's configuration soon after the Client first holds a
+// lock (a sixth of its ttl: half-way to its first renewal; at once when a call finds db
+// busy before then), both kept open, closed by Client.Close (or on one of db's, should one come back
 // first); so does the hand-back of an acquisition abandoned in flight. On a *pgx.Conn
 // or a pgx.Tx, renewals and hand-backs go through db.
 func NewPostgresStore(db Queryer) Store {
@@ -82,10 +83,12 @@ const renewalConns = 2
 // pool at once if there is one (a backend that knows pglock's functions already), and
 // otherwise goes through a pool of the client's own, of up to renewalConns connections,
 // made from a copy of the pool's configuration (its hooks, its tracer, PgBouncer or not)
-// when the client first holds a lock (warm). The own pool opens its connections then, in
-// the background, and keeps them: a renewal waits neither for the application nor for a
-// connection to start (a struggling server, or one out of connections, starts new ones
-// slowly or not at all). Any other store is the renewer's as it is.
+// soon after the client first holds a lock (warmSoon: half-way to its first renewal). The
+// own pool opens its connections then, in the background, and keeps them: a renewal waits
+// neither for the application nor for a connection to start (a struggling server, or one
+// out of connections, starts new ones slowly or not at all). A call that finds the
+// application's pool busy before then makes it at once. Any other store is the
+// renewer's as it is.
 type renewals struct {
 	shared *postgresStore
 	pool   *pgxpool.Pool   // shared's
@@ -93,6 +96,7 @@ type renewals struct {
 
 	mu     sync.Mutex
 	own    *pgxpool.Pool // nil until warm
+	soon   *time.Timer   // warmSoon's
 	closed bool
 }
 
@@ -117,6 +121,28 @@ func newRenewals(store Store) *renewals {
 // active reports whether r has a pool to make: else renewals go through the store.
 func (r *renewals) active() bool { return r.cfg != nil }
 
+// warmSoon makes the own pool (warm) after ownPoolDelay(ttl), unless it is made or on
+// its way: a client's first lock often comes in a burst of its own start (a deploy of
+// many instances, a crowd of new clients on one key), where two more connections per
+// client to start would slow every statement of the burst on the server (a cold crowd
+// of 20 new clients on 2 cores: the handover p50 doubled, BENCHMARKS.md, session 12).
+func (r *renewals) warmSoon(ttl time.Duration) {
+	if r.cfg == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.own != nil || r.closed || r.soon != nil {
+		return
+	}
+	r.soon = time.AfterFunc(ownPoolDelay(ttl), r.warm)
+}
+
+// ownPoolDelay is how long after a client's first lock of ttl its own pool is made: half
+// the time to the lock's first renewal (a third of the ttl), so that its connections are
+// up by then.
+func ownPoolDelay(ttl time.Duration) time.Duration { return ttl / 6 }
+
 // warm makes the own pool, once; its first connection opens in the background.
 func (r *renewals) warm() {
 	if r.cfg == nil {
@@ -136,6 +162,8 @@ func (r *renewals) warm() {
 // application's pool, taken at once; else on the first connection that the own pool or
 // the application's hands out (firstConn): the call may wait for a connection of its
 // own to start or to come back from another renewal, never behind the application.
+// The first call that finds no idle connection before warmSoon's time makes the own
+// pool.
 func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
 	var conn *pgxpool.Conn
 	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {
@@ -144,7 +172,7 @@ func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error
 		}
 		conn = idle[0]
 	} else {
-		r.warm()
+		r.warm() // now, if warmSoon has not yet
 		r.mu.Lock()
 		own := r.own
 		r.mu.Unlock()
@@ -242,6 +270,9 @@ func (r *renewals) close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
 	own := r.own
+	if r.soon != nil {
+		r.soon.Stop()
+	}
 	r.mu.Unlock()
 	if own == nil {
 		return nil
