@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,42 @@ func awaitQueued(t testing.TB, pool *pgxpool.Pool, key string, n int) {
 	require.Eventually(t, func() bool { return queued(t, pool, key) == n }, 10*time.Second, 2*time.Millisecond,
 		"%d waiters queued on %q", n, key)
 }
+
+// heartbeats samples, every 20 ms until the test ends or stop is called, how long ago
+// the least recently seen fair waiter still waiting on key (a semaphore's: semQueue)
+// polled, and returns stop, which returns the longest seen. A waiter not seen for
+// queueBound (Q, 1 s: Fair's doc) is skipped as dead, by design: on a CI machine under
+// load a live waiter's heartbeat (every Q/4) can come that late, and the order tests
+// then have nothing to say about the order.
+func heartbeats(t testing.TB, pool *pgxpool.Pool, key string) (stop func() time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	var longest atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			var age time.Duration
+			if err := pool.QueryRow(ctx, `SELECT coalesce(max(clock_timestamp() - seen_at), '0')
+				FROM pglock.waiters WHERE key = $1 AND granted IS NULL`, key).Scan(&age); err == nil && int64(age) > longest.Load() {
+				longest.Store(int64(age))
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return func() time.Duration {
+		cancel()
+		<-done
+		return time.Duration(longest.Load())
+	}
+}
+
+// lateHeartbeat is the staleness from which heartbeats says that a waiter may have been
+// skipped as dead: Q less the sampling period and a margin.
+const lateHeartbeat = time.Second - 50*time.Millisecond
 
 // fairAcquire starts a fair Acquire of key on c and returns its result's channel.
 func fairAcquire(ctx context.Context, c *pglock.Client, key string, opts ...pglock.AcquireOption) <-chan acquired {
@@ -68,6 +105,7 @@ func TestFairServesWaitersInTheOrderTheyArrivedAcrossClients(t *testing.T) {
 	}
 	holder, err := cs[0].TryAcquire(ctx, key)
 	require.NoError(t, err)
+	stale := heartbeats(t, pool, key)
 	var (
 		mu    sync.Mutex
 		order []int
@@ -95,7 +133,11 @@ func TestFairServesWaitersInTheOrderTheyArrivedAcrossClients(t *testing.T) {
 	for i := range want {
 		want[i] = i
 	}
-	require.Equal(t, want, order, "the order of the acquisitions")
+	if late := stale(); late >= lateHeartbeat && !slices.Equal(want, order) {
+		t.Logf("served %v: a waiter's heartbeat came %v late, so it may have been skipped as dead, as Fair documents", order, late)
+	} else {
+		require.Equal(t, want, order, "the order of the acquisitions (the latest heartbeat came after %v)", late)
+	}
 	require.Zero(t, queued(t, pool, key))
 }
 
