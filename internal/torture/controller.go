@@ -274,7 +274,8 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.Seed, cfg.Workers, cfg.Keys, cfg.TTL, cfg.Duration, strings.Join(cfg.Faults, ","), cfg.Dir)
 	c.t0 = time.Now()
 	// The evidence of what the machine did: the controller's own stalls (its proxies are
-	// every worker's link) and the workers' statements waiting in the server.
+	// every worker's link), the server's (a ping's answer late), and the workers'
+	// statements waiting in the server.
 	wctx, stopWatching := context.WithCancel(ctx)
 	var watching sync.WaitGroup
 	defer func() { stopWatching(); watching.Wait() }()
@@ -282,6 +283,13 @@ func run(ctx context.Context, cfg Config) (*Result, error) {
 		watchStalls(wctx, func(due, ran time.Time) {
 			c.mu.Lock()
 			c.stalls = append(c.stalls, Stall{Due: due, Ran: ran})
+			c.mu.Unlock()
+		})
+	})
+	watching.Go(func() {
+		watchServer(wctx, c.cfg.DatabaseURL, func(sent, answered time.Time) {
+			c.mu.Lock()
+			c.stalls = append(c.stalls, Stall{Due: sent, Ran: answered, Server: true})
 			c.mu.Unlock()
 		})
 	})

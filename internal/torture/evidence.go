@@ -57,7 +57,11 @@ func (c *checker) indexEvidence() {
 		}
 	}
 	for _, s := range c.h.Stalls {
-		c.stalled[""] = append(c.stalled[""], span{s.Due, s.Ran})
+		who := ""
+		if s.Server {
+			who = serverStalls
+		}
+		c.stalled[who] = append(c.stalled[who], span{s.Due, s.Ran})
 	}
 	c.waits = map[string][]Wait{}
 	c.onDiskAt = map[int32][]time.Time{}
@@ -68,6 +72,10 @@ func (c *checker) indexEvidence() {
 		}
 	}
 }
+
+// serverStalls is the key of the server's stalls (Stall.Server) in checker.stalled, beside
+// the workers' and the controller's ("").
+const serverStalls = "(server)"
 
 // leaseCalls are the functions whose statements carry a worker's leases to the
 // database: its acquisitions (lock_acquire_or_want among them) and its renewals. A
@@ -121,26 +129,28 @@ func (c *checker) behindDisk(w Wait) bool {
 }
 
 // machineDown returns how much of [from, to] the machine held pglock up: the worker or
-// the controller did not run (their stall watches' timers ran late), or the server kept
+// the controller did not run (their stall watches' timers ran late), the server did not
+// answer (the controller's ping, watchServer, came back late), or the server kept
 // the worker's statements calling one of fns waiting on the disk or the synchronous
 // standby (onDisk: a commit waits for its flush, and for the standby's); and it says
 // which, for a detail.
 func (c *checker) machineDown(worker string, fns []string, from, to time.Time, connecting ...span) (time.Duration, string) {
 	walSpans := c.diskWaits(worker, fns)
 	w, ctl, wal := overlap(c.stalled[worker], from, to), overlap(c.stalled[""], from, to), overlap(walSpans, from, to)
+	srv := overlap(union(c.stalled[serverStalls]), from, to)
 	// A call needs all of them (the worker, its link, the server's flush, and a
 	// connection when its pool has none to spare) to move on: the time any of them was
 	// down held it up.
 	var all []span
-	for _, ss := range [][]span{c.stalled[worker], c.stalled[""], walSpans, connecting} {
+	for _, ss := range [][]span{c.stalled[worker], c.stalled[""], c.stalled[serverStalls], walSpans, connecting} {
 		for _, s := range ss {
 			if s.to.After(from) && s.from.Before(to) {
 				all = append(all, s)
 			}
 		}
 	}
-	why := fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v; its %s statements waited on the disk or the standby for %v",
-		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), strings.Join(fns, ", "), wal.Round(time.Millisecond))
+	why := fmt.Sprintf("%s did not run for %v of it, the controller (its proxy) for %v, the server (a ping's answer late) for %v; its %s statements waited on the disk or the standby for %v",
+		worker, w.Round(time.Millisecond), ctl.Round(time.Millisecond), srv.Round(time.Millisecond), strings.Join(fns, ", "), wal.Round(time.Millisecond))
 	if len(connecting) > 0 {
 		why += fmt.Sprintf("; the server took over %v to open a connection for %v of it", slowConnect, overlap(union(connecting), from, to).Round(time.Millisecond))
 	}
@@ -322,7 +332,7 @@ func (c *checker) lossVerdict(worker string, l *lease, lostAt time.Time) (excuse
 	why += c.connects(worker, last, lostAt)
 	if slices.ContainsFunc(c.calls[worker], func(r Record) bool {
 		return sent(r).After(last) && sent(r).Before(deadline) && (r.Reason == callPool && c.renewalAt(worker, r.Pool) ||
-			callHas(r, l.key, l.owner) && r.Start.Sub(r.Pool) >= (deadline.Sub(due))/2)
+			callHas(r, l.key, l.owner) && !r.Pool.IsZero() && r.Start.Sub(r.Pool) >= (deadline.Sub(due))/2)
 	}) {
 		why += "; the renewal waited for a connection of the pool it shares with the application (issue 17 item 8), not on the transaction's row"
 	}

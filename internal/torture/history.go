@@ -123,10 +123,13 @@ type WriteRow struct {
 }
 
 // Stall is a time the controller's stall watch ran late: the controller runs the
-// workers' proxies, so while it stalls every link is slow.
+// workers' proxies, so while it stalls every link is slow. With Server set, it is a
+// time the server took to answer the controller's ping (watchServer): its processes did
+// not run, whatever a worker's statement was waiting on.
 type Stall struct {
-	Due time.Time `json:"due"`
-	Ran time.Time `json:"ran"`
+	Due    time.Time `json:"due"`
+	Ran    time.Time `json:"ran"`
+	Server bool      `json:"server,omitempty"`
 }
 
 // Wait is a pglock statement of a worker that the controller saw waiting in the server

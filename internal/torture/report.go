@@ -345,9 +345,10 @@ const method = `## How it works
    Nor is it excused by the machine unless the evidence shows it: each worker records pglock's calls (when each
    asked the pool for a connection, was sent and answered; the connections the pool opened), its renewals, and
    its stalls (a timer due every 10 ms that ran 30 ms late or more: the process, or its scheduler, did not run);
-   the controller records its own stalls (it runs every worker's proxy) and samples the server for pglock
-   statements waiting on a lock, a lightweight lock, I/O or a synchronous standby. A loss is excused (counted
-   apart) only when the worker or the controller did not run, or the server kept the worker's acquisitions and
+   the controller records its own stalls (it runs every worker's proxy), pings the server every 10 ms (an answer
+   30 ms late or more: the server's processes did not run), and samples the server for pglock statements
+   waiting on a lock, a lightweight lock, I/O or a synchronous standby. A loss is excused (counted apart) only
+   when the worker or the controller did not run, or the server did not answer, or kept the worker's acquisitions and
    renewals waiting on the disk (the WAL, a page, a file's extension) or the synchronous standby, for half the
    time from the renewal's due time to the lock's deadline; never when its renewal waited on a row lock, unless
    every holder of that row was itself seen waiting on the disk then (a commit waiting for its flush). A renewal
@@ -355,7 +356,7 @@ const method = `## How it works
 8. Every lease that no client learned it held (no acquired event, no successful probe: an acquisition whose ctx
    ended with its statement in flight) is handed back by its client rather than left to expire, unless its worker
    died, or was paused, cut off, killed, stopped or lost its backends, or the server restarted, before it could,
-   or the worker or the controller did not run, or the acquisition's commit waited on the disk or the standby, for half of
+   or the worker, the controller or the server did not run, or the acquisition's commit waited on the disk or the standby, for half of
    the lease (counted apart: the hand-back follows the reply, which follows the commit). A slow link, and a hand-back
    that waited for a pool connection, are no excuse; each violation says what the hand-back's calls did. The ghost
    time is how long such a lease held its key.

@@ -792,6 +792,17 @@ func TestCheckerExcusesOnlyWhatTheMachineDid(t *testing.T) {
 	r = check(diskStall("Lock/tuple"))
 	require.Equal(t, 2, r.Violations[invRenew], "a renewal that waited on a row lock, then on the disk: %v", r.Details)
 
+	// The server did not answer the controller's pings for most of the renewal's window
+	// (its backends starved of CPU: a renewal on no wait event, answered at the deadline):
+	// the machine's doing; unless the renewal waited on a row lock.
+	h = lostRenewals()
+	h.Stalls = []Stall{{Due: at(6600), Ran: at(6900), Server: true}, {Due: at(6910), Ran: at(7240), Server: true}}
+	r = check(h)
+	require.False(t, r.Failed(), "the server did not answer: %v", r.Details)
+	require.Equal(t, 1, r.Stats.LongTxsStarved)
+	h.Waits = samples("w2.1", 7, "Lock", "tuple", renew, 6700, 6760)
+	require.Equal(t, 2, check(h).Violations[invRenew], "a renewal that waited on a row lock while the server was slow")
+
 	// The renewal waited on a row held by a transaction whose commit waited on the disk
 	// (its pid seen on WALSync in the same samples): the disk's doing; held by a
 	// transaction not seen waiting (a fenced one, idle in its transaction): pglock's.

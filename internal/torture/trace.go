@@ -161,6 +161,39 @@ func watchStalls(ctx context.Context, stalled func(due, ran time.Time)) {
 	}
 }
 
+// watchServer pings the server (SELECT 1 on a connection of its own) every stallPeriod
+// and calls stalled with the ping's send and answer whenever it took stallMin or more,
+// until ctx ends: the time the server's processes did not run (a machine starved of
+// CPU runs a backend late whatever its statement), which a worker's renewal suffered
+// too. A ping that fails (a restart, a failover) counts nothing; the connection is
+// opened again.
+func watchServer(ctx context.Context, url string, stalled func(sent, answered time.Time)) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.Background())
+		}
+	}()
+	for sleep(ctx, stallPeriod) {
+		if conn == nil {
+			var err error
+			if conn, err = pgx.Connect(ctx, url); err != nil {
+				conn = nil
+				continue
+			}
+		}
+		sent := time.Now()
+		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+			_ = conn.Close(context.Background())
+			conn = nil
+			continue
+		}
+		if answered := time.Now(); answered.Sub(sent) >= stallMin {
+			stalled(sent, answered)
+		}
+	}
+}
+
 // waitSample is how often the controller looks for the workers' pglock statements
 // waiting in the server.
 const waitSample = 20 * time.Millisecond
