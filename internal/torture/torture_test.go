@@ -35,16 +35,35 @@ const (
 // TestTorture is the CI version of the torture test: 3 worker processes for 60 s, every
 // fault but the PostgreSQL restart (other tests share the server), on a database of its
 // own. It fails on any violation, and when the unfenced table lost no update (the
-// checker would have been blind).
+// checker would have been blind) in two runs in a row: a blind run proves nothing either
+// way, and one in a fresh-clone CI run (a slow one: 107 s for 60 s of faults) had no pause
+// land in an unfenced section; .ci/matrix's short runs try again the same way.
 func TestTorture(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the torture test runs for a minute; it is skipped with -short")
 	}
 	t.Parallel()
-	cfg := tortureConfig(t, 60*time.Second, "")
-	cfg.Faults = slices.DeleteFunc(slices.Clone(allFaults), func(f string) bool { return f == faultRestart || f == faultFailover })
-	res := runTorture(t, cfg)
-	require.False(t, res.Failed(), "violations: see the report above; replay the faults with %s=%d", seedEnv, cfg.Seed)
+	for try := 1; ; try++ {
+		cfg := tortureConfig(t, 60*time.Second, "")
+		cfg.Faults = slices.DeleteFunc(slices.Clone(allFaults), func(f string) bool { return f == faultRestart || f == faultFailover })
+		res := runTorture(t, cfg)
+		if blindOnly(res) && try < 2 {
+			t.Logf("try %d (seed %d): no pause hit an unfenced section, the only violation (invariant 6): once more", try, cfg.Seed)
+			continue
+		}
+		require.False(t, res.Failed(), "violations: see the report above; replay the faults with %s=%d", seedEnv, cfg.Seed)
+		return
+	}
+}
+
+// blindOnly reports whether invariant 6 (the checker was blind) is res's only violation.
+func blindOnly(res *Result) bool {
+	for inv, n := range res.Violations {
+		if n > 0 && inv != invBlind {
+			return false
+		}
+	}
+	return res.Violations[invBlind] > 0
 }
 
 // mutateEnv names a mutation for TestTortureMutation.
