@@ -94,32 +94,19 @@ func sampleLSNs(ctx context.Context, url string, add func(lsnSample)) {
 		return
 	}
 	cfg.ConnectTimeout = time.Second
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			_ = conn.Close(context.Background())
-		}
-	}()
-	for sleep(ctx, lsnPeriod) {
-		if conn == nil {
-			if conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
-				conn = nil
-				continue
-			}
-		}
+	everyOnConn(ctx, cfg, lsnPeriod, func(conn *pgx.Conn) error {
 		at := time.Now() // before the query: what was acknowledged by now is flushed by its answer
 		var lsn, walfile string
 		if err := conn.QueryRow(ctx, "SELECT l::text, pg_walfile_name(l) FROM pg_current_wal_flush_lsn() l").Scan(&lsn, &walfile); err != nil {
-			_ = conn.Close(context.Background())
-			conn = nil
-			continue
+			return err
 		}
 		n, err1 := parseLSN(lsn)
 		tli, err2 := strconv.ParseInt(walfile[:8], 16, 64)
 		if err1 == nil && err2 == nil {
 			add(lsnSample{At: at, LSN: n, Timeline: int(tli)})
 		}
-	}
+		return nil
+	})
 }
 
 // parseLSN parses an LSN as PostgreSQL writes it: two hexadecimal halves, "16/B374D848".

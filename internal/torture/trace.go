@@ -168,28 +168,43 @@ func watchStalls(ctx context.Context, stalled func(due, ran time.Time)) {
 // too. A ping that fails (a restart, a failover) counts nothing; the connection is
 // opened again.
 func watchServer(ctx context.Context, url string, stalled func(sent, answered time.Time)) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return
+	}
+	everyOnConn(ctx, cfg, stallPeriod, func(conn *pgx.Conn) error {
+		sent := time.Now()
+		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		if answered := time.Now(); answered.Sub(sent) >= stallMin {
+			stalled(sent, answered)
+		}
+		return nil
+	})
+}
+
+// everyOnConn calls f every period until ctx ends, with a connection to the server of
+// cfg of its own, opened again after f fails (a restart, a failover): the controller's
+// samplers.
+func everyOnConn(ctx context.Context, cfg *pgx.ConnConfig, period time.Duration, f func(*pgx.Conn) error) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
 			_ = conn.Close(context.Background())
 		}
 	}()
-	for sleep(ctx, stallPeriod) {
+	for sleep(ctx, period) {
 		if conn == nil {
 			var err error
-			if conn, err = pgx.Connect(ctx, url); err != nil {
+			if conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
 				conn = nil
 				continue
 			}
 		}
-		sent := time.Now()
-		if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+		if err := f(conn); err != nil {
 			_ = conn.Close(context.Background())
 			conn = nil
-			continue
-		}
-		if answered := time.Now(); answered.Sub(sent) >= stallMin {
-			stalled(sent, answered)
 		}
 	}
 }
@@ -210,29 +225,19 @@ func sampleWaits(ctx context.Context, url string, add func(Wait)) {
 	FROM pg_stat_activity a
 	WHERE a.datname = current_database() AND a.application_name LIKE 'pglock-torture/%' AND a.state = 'active'
 	  AND (a.wait_event_type IN ('Lock', 'LWLock', 'IO') OR a.wait_event = 'SyncRep') AND (a.query LIKE '%pglock.lock\_%' OR a.query LIKE '%pglock.sem\_%')`
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			_ = conn.Close(context.Background())
-		}
-	}()
-	for sleep(ctx, waitSample) {
-		if conn == nil {
-			var err error
-			if conn, err = pgx.Connect(ctx, url); err != nil {
-				conn = nil
-				continue
-			}
-		}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return
+	}
+	everyOnConn(ctx, cfg, waitSample, func(conn *pgx.Conn) error {
 		rows, _ := conn.Query(ctx, q)
 		waits, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Wait])
 		if err != nil {
-			_ = conn.Close(context.Background())
-			conn = nil
-			continue
+			return err
 		}
 		for _, w := range waits {
 			add(w)
 		}
-	}
+		return nil
+	})
 }
