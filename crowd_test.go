@@ -636,4 +636,19 @@ func TestCrowdClientsRenewAndReleaseAsNewsDo(t *testing.T) {
 	require.Eventually(t, func() bool { return own() != nil }, 10*time.Second, 5*time.Millisecond,
 		"no own connections made before the first renewal")
 	require.NoError(t, l.Release(ctx))
+
+	// A later lock of a shorter ttl brings the own pool forward: its first renewal comes
+	// before the first lock's would.
+	c2, err := newClient(store, "New", []ClientOption{WithoutListener()})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, c2.Close(context.Background())) }()
+	_, err = c2.TryAcquire(ctx, "long", TTL(time.Hour)) // its own pool 10 minutes later
+	require.NoError(t, err)
+	_, err = c2.TryAcquire(ctx, "short", TTL(600*time.Millisecond))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		c2.renewals.mu.Lock()
+		defer c2.renewals.mu.Unlock()
+		return c2.renewals.own != nil
+	}, 5*time.Second, 5*time.Millisecond, "a shorter ttl's lock did not bring the own pool forward")
 }

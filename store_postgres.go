@@ -97,6 +97,7 @@ type renewals struct {
 	mu     sync.Mutex
 	own    *pgxpool.Pool // nil until warm
 	soon   *time.Timer   // warmSoon's
+	soonAt time.Time     // when soon fires
 	closed bool
 }
 
@@ -132,10 +133,17 @@ func (r *renewals) warmSoon(ttl time.Duration) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.own != nil || r.closed || r.soon != nil {
+	if r.own != nil || r.closed {
 		return
 	}
-	r.soon = time.AfterFunc(ownPoolDelay(ttl), r.warm)
+	due := time.Now().Add(ownPoolDelay(ttl))
+	switch {
+	case r.soon == nil:
+		r.soon, r.soonAt = time.AfterFunc(ownPoolDelay(ttl), r.warm), due
+	case due.Before(r.soonAt) && r.soon.Stop(): // a shorter ttl's first renewal comes sooner
+		r.soon.Reset(ownPoolDelay(ttl))
+		r.soonAt = due
+	}
 }
 
 // ownPoolDelay is how long after a client's first lock of ttl its own pool is made: half
