@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -626,18 +627,21 @@ func (s *postgresStore) releaseMany(ctx context.Context, keys, owners []string) 
 	}
 	// Asynchronous, as Release, only where the transaction is the statement's own.
 	async := s.inTx == nil || !s.inTx()
-	var released []int
-	err := s.queryRows(ctx, `SELECT pglock.lock_release_many($1::text[], $2::text[], $3)`,
-		[]any{s.array(keys), s.array(owners), async}, func(row scanner) error {
-			var i int
-			if err := row.Scan(&i); err != nil {
-				return err
-			}
-			released = append(released, i-1)
-			return nil
-		})
+	// Read as text through queryKeys, whose rows are read whole and read again when
+	// the statement is sent again after a rollback (store_retry.go): a statement that
+	// changes rows must be retried as Release is.
+	positions, err := s.queryKeys(ctx, `SELECT i::text FROM pglock.lock_release_many($1::text[], $2::text[], $3) AS i`,
+		s.array(keys), s.array(owners), async)
 	if err != nil {
 		return nil, storeError(err, "release %d locks", len(keys))
+	}
+	released := make([]int, 0, len(positions))
+	for _, p := range positions {
+		i, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, storeError(err, "release %d locks: read position %q", len(keys), p)
+		}
+		released = append(released, i-1)
 	}
 	return released, nil
 }

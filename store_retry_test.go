@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -241,4 +242,75 @@ func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
 		require.NoError(t, renewal.Commit(ctx))
 		require.NoError(t, receive(t, renewed), "the renewal that met 40001, sent again")
 	}
+}
+
+// Each write of the pgx store that changes a held lock's row, on a REPEATABLE READ
+// pool, meets the row changed by a renewal that committed after its snapshot: it is
+// rolled back with 40001, sent again, and does what it was asked. (ReleaseMany, the
+// client's hand-back of abandoned grants, read its rows without the store's retry and
+// returned the 40001: seen in a matrix run of the store contract on a serializable pool.)
+func TestStoreRetriesEveryWriteRolledBackBy40001(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	direct := pglocktest.Pool(t, url, 4)
+	store := pglock.NewPostgresStore(pglocktest.Pool(t, url+"&default_transaction_isolation=repeatable%20read&application_name=retry_writes", 2))
+	for _, tc := range []struct {
+		name  string
+		write func(ctx context.Context, key string) error
+		free  bool // whether the key is free after the write
+	}{
+		{"Renew", func(ctx context.Context, key string) error {
+			ok, err := store.Renew(ctx, key, "holder", time.Minute)
+			return want(ok, err, "renewed")
+		}, false},
+		{"Release", func(ctx context.Context, key string) error {
+			ok, err := store.Release(ctx, key, "holder")
+			return want(ok, err, "released")
+		}, true},
+		{"RenewMany", func(ctx context.Context, key string) error {
+			renewed, err := pglock.StoreRenewMany(ctx, store, []string{key}, []string{"holder"}, time.Minute)
+			return want(slices.Equal(renewed, []string{key}), err, "renewed")
+		}, false},
+		{"ReleaseMany", func(ctx context.Context, key string) error {
+			released, err := pglock.StoreReleaseMany(ctx, store, []string{"retry:never", key}, []string{"holder", "holder"})
+			return want(slices.Equal(released, []int{1}), err, "released")
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := "retry:write:" + tc.name
+			_, ok, err := store.Acquire(ctx, key, "holder", time.Minute)
+			require.NoError(t, err)
+			require.True(t, ok)
+
+			// A renewal in flight: the row changed, not committed yet, so the write waits
+			// for it, then finds the row changed since its snapshot.
+			renewal, err := direct.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = renewal.Rollback(context.WithoutCancel(ctx)) }()
+			_, err = renewal.Exec(ctx, "SELECT pglock.lock_renew($1, 'holder', 60000)", key)
+			require.NoError(t, err)
+			wrote := make(chan error, 1)
+			go func() { wrote <- tc.write(ctx, key) }()
+			require.Eventually(t, func() bool {
+				var waiting bool
+				require.NoError(t, direct.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+					WHERE application_name = 'retry_writes' AND wait_event_type = 'Lock')`).Scan(&waiting))
+				return waiting
+			}, 10*time.Second, 2*time.Millisecond, "the write never waited for the renewal's row lock")
+			require.NoError(t, renewal.Commit(ctx))
+			require.NoError(t, receive(t, wrote), "the write that met 40001, sent again")
+			_, ok, err = store.Acquire(ctx, key, "other", time.Minute)
+			require.NoError(t, err)
+			require.Equal(t, tc.free, ok, "free after the write")
+		})
+	}
+}
+
+// want is err, or an error saying what did not happen when ok is false.
+func want(ok bool, err error, what string) error {
+	if err == nil && !ok {
+		err = errors.New("not " + what)
+	}
+	return err
 }
