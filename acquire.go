@@ -31,7 +31,9 @@ import (
 // statement in flight, the link broke), the client releases in the background what the
 // server may have granted, rather than leave the key to an owner nobody knows for a
 // whole ttl. A connection that could not be made reached no server: nothing is handed
-// back. Hand-backs are bounded for the whole client: one goroutine makes one release
+// back; nor is anything for a call that was still waiting for a connection of a
+// *pgxpool.Pool (NewPostgresStore, New) when ctx ended: it is never sent. On such a
+// pool, the lock's ttl counts from when the call had its connection. Hand-backs are bounded for the whole client: one goroutine makes one release
 // call at a time; each failed acquisition is released up to 5 times over about 2.6 s
 // while nothing is found; at most 1024 wait (past that, the key expires after its
 // ttl); a failed release call pauses them all, doubling up to 2 s, so an unreachable
@@ -260,9 +262,9 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 		return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
 	}
 	owner := c.newOwner()
-	sentAt := c.clock.Now()
+	mark := &sendMark{now: c.clock.Now, sent: c.clock.Now()}
 	marker, wakes, marking := w.marking()
-	r, abandoned := c.acquireCall(ctx, t, owner, ttl, func(ctx context.Context) (r acquireReply) {
+	r, abandoned := c.acquireCall(ctx, t, owner, ttl, mark, func(ctx context.Context) (r acquireReply) {
 		if t.permits > 0 {
 			// Client.Semaphore made sure that the store is a backend.
 			r.permit, r.token, r.ok, r.err = c.store.(backend).semAcquire(ctx, key, owner, ttl, t.permits)
@@ -293,7 +295,7 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	}
-	return c.newLock(t, r.permit, owner, ttl, token, start, sentAt)
+	return c.newLock(t, r.permit, owner, ttl, token, start, mark.sent)
 }
 
 // newOwner draws a new owner id: the client's instance name and a random suffix.
@@ -393,14 +395,17 @@ type acquireReply struct {
 // have reached the server, is then undone (undoAcquire), and Close waits for that. The
 // reply comes on the call's own connection, which stays open: pgx closes the connection
 // of a statement whose ctx ends, and the release would then wait for a new one, on a
-// loaded machine past the grant's expiry.
+// loaded machine past the grant's expiry. But a call still waiting for a connection of
+// a *pgxpool.Pool when ctx ends is never sent (see sendMark), and mark.sent is when the
+// call had its connection.
 func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl time.Duration,
-	call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
+	mark *sendMark, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
 	if ctx.Done() == nil {
-		return call(ctx), false
+		return call(withSendMark(ctx, mark)), false
 	}
 	h := c.handBacks
-	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	mark.wait = ctx
+	cctx, cancel := context.WithCancel(withSendMark(context.WithoutCancel(ctx), mark))
 	replies := make(chan acquireReply, 1)
 	var (
 		taken atomic.Bool // by the first of: the reply for the caller, the caller giving up
@@ -445,3 +450,36 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
+
+// sendMark rides on the ctx of an acquisition's store call (withSendMark) to the pgx
+// store on a *pgxpool.Pool, which takes a connection of the pool itself before it sends
+// the statement (sendMark.conn): the lease counts from when the call had its connection,
+// not from before a wait for a busy pool (which made the client refuse, and hand back,
+// grants it could have kept), and a call whose caller gave up while it waited for a
+// connection is never sent, so that nothing is granted to be handed back. In a torture
+// run, on a pool opening connections over a slow link, both became ghosts: held by
+// nobody until their expiry. Other stores leave sent as it was, the time before the call.
+type sendMark struct {
+	wait context.Context  // the caller's ctx, which a detached call's wait for a connection ends with; nil: none
+	now  func() time.Time // the client's clock
+	sent time.Time        // read once the call has returned
+}
+
+type sendMarkKey struct{}
+
+func withSendMark(ctx context.Context, m *sendMark) context.Context {
+	return context.WithValue(ctx, sendMarkKey{}, m)
+}
+
+func sendMarkOf(ctx context.Context) *sendMark {
+	m, _ := ctx.Value(sendMarkKey{}).(*sendMark)
+	return m
+}
+
+// notSentError is a call that gave up waiting for a connection, its caller gone: nothing
+// reached the server (SafeToRetry, so mayHaveReached says false).
+type notSentError struct{ cause error }
+
+func (e notSentError) Error() string     { return e.cause.Error() }
+func (e notSentError) Unwrap() error     { return e.cause }
+func (e notSentError) SafeToRetry() bool { return true }

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/lib/pq"
 	"github.com/stretchr/testify/require"
@@ -209,3 +210,103 @@ func TestHandBacksBeatTheirTTLOverASlowLink(t *testing.T) {
 		require.Less(t, l.held, ttl-200*time.Millisecond, "%q held %v of its %v ttl: not handed back in time", l.key, l.held, ttl)
 	}
 }
+
+// An acquisition whose ctx ends while it waits for a connection of a busy pool is never
+// sent: nothing is granted, so there is nothing to hand back. (Sent once a connection
+// was free, it was granted a lease nobody knew of until its hand-back landed; over a
+// slow link, in a torture run, after its expiry.)
+func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, url, 1)
+	c, err := pglock.New(pool, quiet)
+	require.NoError(t, err)
+	busy, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+
+	for _, acquire := range []func(context.Context) (*pglock.Lock, error){
+		func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, "busy:lock") },
+		func(ctx context.Context) (*pglock.Lock, error) {
+			return c.Acquire(ctx, "busy:lock", pglock.Wait(time.Minute))
+		},
+		func(ctx context.Context) (*pglock.Lock, error) {
+			sem, err := c.Semaphore("busy:sem", 2)
+			require.NoError(t, err)
+			return sem.TryAcquire(ctx)
+		},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		_, err := acquire(ctx)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	busy.Release()
+	require.NoError(t, c.Close(t.Context())) // waits for the calls it abandoned
+
+	var rows int
+	require.NoError(t, pglocktest.Pool(t, url, 1).QueryRow(t.Context(),
+		"SELECT count(*) FROM pglock.locks WHERE key LIKE 'busy:%'").Scan(&rows))
+	require.Zero(t, rows, "an acquisition given up before it had a connection was granted")
+}
+
+// A grant whose call waited for a connection of a busy pool longer than its ttl is
+// kept: the lease counts from when the call had its connection, not from before the
+// wait. (Counted from before, the client refused the grant as too late to trust, and
+// handed back a lock it could have held.)
+func TestAGrantAfterAWaitForThePoolCountsFromItsSend(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	waiting := make(chan struct{}, 1)
+	var watch atomic.Bool
+	cfg.ConnConfig.Tracer = acquireStarts(func() {
+		if watch.CompareAndSwap(true, false) {
+			waiting <- struct{}{}
+		}
+	})
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	clock := pglocktest.NewManualClock(time.Now())
+	const ttl = 10 * time.Second
+	c := newPoolClient(t, pool, pglock.WithClock(clock), pglock.TTL(ttl))
+	busy, err := pool.Acquire(t.Context())
+	require.NoError(t, err)
+
+	watch.Store(true)
+	acquired := make(chan error, 1)
+	var l *pglock.Lock
+	go func() {
+		var err error
+		l, err = c.TryAcquire(context.Background(), "busy:late")
+		acquired <- err
+	}()
+	receive(t, waiting, "the acquisition's wait for a connection")
+	clock.Advance(ttl) // the whole ttl spent waiting for the pool
+	busy.Release()
+	require.NoError(t, receive(t, acquired, "the acquisition"))
+	require.True(t, l.Held())
+	holder, err := c.Locks(t.Context(), "busy:late")
+	require.NoError(t, err)
+	require.Len(t, holder, 1)
+	require.Equal(t, l.Token(), holder[0].Token, "the key is held by the lock the client kept")
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// acquireStarts is a pgx tracer that calls started when a pool's Acquire begins.
+type acquireStarts func()
+
+func (f acquireStarts) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	f()
+	return ctx
+}
+
+func (acquireStarts) TraceAcquireEnd(context.Context, *pgxpool.Pool, pgxpool.TraceAcquireEndData) {}
+
+func (acquireStarts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (acquireStarts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

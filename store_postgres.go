@@ -342,21 +342,58 @@ func (p *pgxCalls) retry(err error, exec bool) bool {
 
 func (p *pgxCalls) queryRow(ctx context.Context, q string, args ...any) scanner {
 	sent, exec := p.args(args)
-	return &pgxRow{p: p, ctx: ctx, q: q, args: args, exec: exec, row: p.db.QueryRow(ctx, q, sent...)}
+	var db interface {
+		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	} = p.db
+	var release func()
+	if pool, ok := p.db.(*pgxpool.Pool); ok {
+		if m := sendMarkOf(ctx); m != nil {
+			conn, err := m.conn(ctx, pool)
+			if err != nil {
+				return errScanner{err}
+			}
+			db, release = conn, conn.Release
+		}
+	}
+	return &pgxRow{p: p, ctx: ctx, q: q, args: args, exec: exec, row: db.QueryRow(ctx, q, sent...), release: release}
+}
+
+// conn takes a connection of pool for an acquisition's call, waiting no longer than
+// the call's ctx and the caller's (m.wait), and marks the time it was taken.
+func (m *sendMark) conn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	if m.wait != nil {
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer context.AfterFunc(m.wait, func() { cancel(context.Cause(m.wait)) })()
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		if m.wait != nil && m.wait.Err() != nil {
+			return nil, notSentError{context.Cause(m.wait)}
+		}
+		return nil, err
+	}
+	m.sent = m.now()
+	return conn, nil
 }
 
 // pgxRow is a row of pgxCalls.queryRow: its error comes at Scan, and so does the retry.
 type pgxRow struct {
-	p    *pgxCalls
-	ctx  context.Context
-	q    string
-	args []any
-	exec bool
-	row  pgx.Row
+	p       *pgxCalls
+	ctx     context.Context
+	q       string
+	args    []any
+	exec    bool
+	row     pgx.Row
+	release func() // the connection queryRow took for row; nil: none
 }
 
 func (r *pgxRow) Scan(dest ...any) error {
 	err := r.row.Scan(dest...)
+	if r.release != nil {
+		r.release()
+	}
 	if err != nil && r.p.retry(err, r.exec) {
 		return r.p.db.QueryRow(r.ctx, r.q, withExecMode(r.args)...).Scan(dest...)
 	}
