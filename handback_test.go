@@ -5,6 +5,7 @@ package pglock_test
 // reached a server.
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -293,6 +294,37 @@ func TestAGrantAfterAWaitForThePoolCountsFromItsSend(t *testing.T) {
 	require.Len(t, holder, 1)
 	require.Equal(t, l.Token(), holder[0].Token, "the key is held by the lock the client kept")
 	require.NoError(t, l.Release(t.Context()))
+}
+
+// The other side of the same line: the time a statement spends on the wire and in the
+// server counts against the lease. A grant whose reply comes a whole ttl after its
+// statement left (the link silent meanwhile) is refused and handed back, however soon
+// the call had its connection.
+func TestAGrantRepliedATTLAfterItsSendIsRefused(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	pool, proxy := proxiedPool(t, url, 1)
+	clock := pglocktest.NewManualClock(time.Now())
+	const ttl = 10 * time.Second
+	c := newPoolClient(t, pool, pglock.WithClock(clock), pglock.TTL(ttl))
+
+	sent := proxy.BlackholeAfter(func(chunk []byte) bool { return bytes.Contains(chunk, []byte("lock_acquire(")) })
+	acquired := make(chan error, 1)
+	go func() {
+		_, err := c.TryAcquire(context.Background(), "busy:wire")
+		acquired <- err
+	}()
+	receive(t, sent, "the acquisition's statement")
+	clock.Advance(ttl) // the whole ttl on the wire
+	proxy.Restore()
+	err := receive(t, acquired, "the acquisition")
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	require.ErrorContains(t, err, "confirmation came after the lock's ttl")
+	other := newPoolClient(t, pglocktest.Pool(t, url, 1))
+	require.Eventually(t, func() bool {
+		l, err := other.TryAcquire(t.Context(), "busy:wire")
+		return err == nil && l.Release(t.Context()) == nil
+	}, 5*time.Second, 10*time.Millisecond, "handed back")
 }
 
 // acquireStarts is a pgx tracer that calls started when a pool's Acquire begins.
