@@ -2,6 +2,7 @@ package pglock
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -216,9 +217,13 @@ func (o oneTrip) run(ctx context.Context, q string, args []any, read func(pgx.Ro
 
 // inline writes args into q in place of $1, $2, …, as SQL literals: strings as escape
 // string constants (E'…', which mean the same whatever standard_conforming_strings
-// says), []string as such a constant holding an array literal, integers in decimal.
-// Keys and owners hold no NUL (checkCall); the connection's encoding is UTF8 (pgx's).
-// Another type of argument is errors.ErrUnsupported.
+// says), []string as such a constant holding an array literal, integers in decimal,
+// booleans, nil as NULL, and a driver.Valuer as its value. Keys and owners hold no NUL
+// (checkCall); the connection's encoding is UTF8 (pgx's). Another type of argument is
+// an error, not errors.ErrUnsupported: a statement of the store that the retry cannot
+// send is a bug to see, not a reason to send it again in the pool's isolation, where
+// the failure it is retried for comes back (ReleaseMany's bool did that on a
+// serializable pool; see TestStoreRetriesEveryWriteRolledBackBy40001).
 func inline(q string, args []any) (string, error) {
 	var b strings.Builder
 	for i := 0; i < len(q); i++ {
@@ -232,23 +237,44 @@ func inline(q string, args []any) (string, error) {
 		}
 		n, err := strconv.Atoi(q[i+1 : j])
 		if err != nil || n < 1 || n > len(args) {
-			return "", fmt.Errorf("pglock: inline %q: %w: parameter $%s", q, errors.ErrUnsupported, q[i+1:j])
+			return "", fmt.Errorf("pglock: inline %q: no argument for parameter $%s", q, q[i+1:j])
 		}
-		switch a := args[n-1].(type) {
-		case string:
-			quoteLiteral(&b, a)
-		case []string:
-			quoteLiteral(&b, arrayLiteral(a).(string))
-		case int64:
-			b.WriteString("(" + strconv.FormatInt(a, 10) + ")")
-		case int:
-			b.WriteString("(" + strconv.Itoa(a) + ")")
-		default:
-			return "", fmt.Errorf("pglock: inline %q: %w: a %T argument", q, errors.ErrUnsupported, a)
+		if err := literal(&b, args[n-1]); err != nil {
+			return "", fmt.Errorf("pglock: inline %q: parameter $%d: %w", q, n, err)
 		}
 		i = j - 1
 	}
 	return b.String(), nil
+}
+
+// literal writes a as a SQL literal (see inline).
+func literal(b *strings.Builder, a any) error {
+	switch a := a.(type) {
+	case nil:
+		b.WriteString("NULL")
+	case string:
+		quoteLiteral(b, a)
+	case []string:
+		quoteLiteral(b, arrayLiteral(a).(string))
+	case int64:
+		b.WriteString("(" + strconv.FormatInt(a, 10) + ")")
+	case int:
+		b.WriteString("(" + strconv.Itoa(a) + ")")
+	case bool:
+		b.WriteString(strconv.FormatBool(a))
+	case driver.Valuer:
+		v, err := a.Value()
+		if err != nil {
+			return err
+		}
+		if _, again := v.(driver.Valuer); again {
+			return fmt.Errorf("a %T whose value is a driver.Valuer", a)
+		}
+		return literal(b, v)
+	default:
+		return fmt.Errorf("a %T argument, which the retry's message cannot carry", a)
+	}
+	return nil
 }
 
 // quoteLiteral writes s as an escape string constant.

@@ -46,6 +46,24 @@ func TestRetryMessageCarriesArgumentsAsTheyAre(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, LockInfo{Key: key, Owner: "me'", Instance: "me'", Token: token, Held: true, ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}, h)
 
+	// The other types the store's statements send: booleans (lock_release_many's async,
+	// registry_touch's registering), NULL (job_run_record's error), driver.Valuers
+	// (sinceUS, skipsJSON).
+	var yes, no, null bool
+	var since int64
+	var skips string
+	require.NoError(t, one.queryRow(ctx, `SELECT $1::boolean, $2::boolean, $3::text IS NULL, $4::bigint, $5::text`,
+		true, false, nil, sinceUS(time.Now().Add(-time.Hour)), skipsJSON{{job: "j'", reason: "held", count: 2}}).
+		Scan(&yes, &no, &null, &since, &skips))
+	require.True(t, yes)
+	require.False(t, no)
+	require.True(t, null)
+	require.InDelta(t, time.Hour.Microseconds(), since, float64(time.Minute.Microseconds()))
+	require.Contains(t, skips, `"job":"j'"`)
+
+	// Any other type is an error that says so: not errors.ErrUnsupported, which would
+	// send the statement again in the pool's isolation instead.
 	_, err = inline(`SELECT $1`, []any{1.5})
-	require.ErrorIs(t, err, errors.ErrUnsupported)
+	require.ErrorContains(t, err, "a float64 argument")
+	require.False(t, errors.Is(err, errors.ErrUnsupported))
 }
