@@ -68,6 +68,12 @@ const (
 	// ReasonLimitReached: a tick was skipped because AtMost(n) runs of the job were in
 	// progress, on this instance or others: the n permits of its semaphore were held.
 	ReasonLimitReached Reason = "limit-reached"
+	// ReasonLeaseInDoubt: a tick was skipped because the job's lease (OnOneInstance,
+	// GocronLocker, GocronElector) could not vouch that no other instance ran the same
+	// tick: its take was answered more than a third of the ttl after the tick began (a
+	// lease that another instance kept until then may have run it), or the owner's
+	// renewal was overdue (its lease may end before another instance's tick is late).
+	ReasonLeaseInDoubt Reason = "lease-in-doubt"
 	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
 	// error or panicked; the instance campaigns again after ttl/3.
 	ReasonOnAcquiredFailed Reason = "on-acquired-failed"

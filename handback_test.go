@@ -256,27 +256,14 @@ func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 // handed back a lock it could have held.)
 func TestAGrantAfterAWaitForThePoolCountsFromItsSend(t *testing.T) {
 	t.Parallel()
-	url := pglocktest.PostgresURL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	waiting := make(chan struct{}, 1)
-	var watch atomic.Bool
-	cfg.ConnConfig.Tracer = acquireStarts(func() {
-		if watch.CompareAndSwap(true, false) {
-			waiting <- struct{}{}
-		}
-	})
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	pool, nextAcquire := watchedPool(t, pglocktest.PostgresURL(t))
 	clock := pglocktest.NewManualClock(time.Now())
 	const ttl = 10 * time.Second
 	c := newPoolClient(t, pool, pglock.WithClock(clock), pglock.TTL(ttl))
 	busy, err := pool.Acquire(t.Context())
 	require.NoError(t, err)
 
-	watch.Store(true)
+	waiting := nextAcquire()
 	acquired := make(chan error, 1)
 	var l *pglock.Lock
 	go func() {
@@ -325,6 +312,29 @@ func TestAGrantRepliedATTLAfterItsSendIsRefused(t *testing.T) {
 		l, err := other.TryAcquire(t.Context(), "busy:wire")
 		return err == nil && l.Release(t.Context()) == nil
 	}, 5*time.Second, 10*time.Millisecond, "handed back")
+}
+
+// watchedPool returns a pool of one connection on url, closed when the test ends, and
+// nextAcquire, whose channel receives when the pool's next Acquire begins.
+func watchedPool(t *testing.T, url string) (pool *pgxpool.Pool, nextAcquire func() <-chan struct{}) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	var next atomic.Pointer[chan struct{}]
+	cfg.ConnConfig.Tracer = acquireStarts(func() {
+		if ch := next.Swap(nil); ch != nil {
+			close(*ch)
+		}
+	})
+	pool, err = pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, func() <-chan struct{} {
+		ch := make(chan struct{})
+		next.Store(&ch)
+		return ch
+	}
 }
 
 // acquireStarts is a pgx tracer that calls started when a pool's Acquire begins.

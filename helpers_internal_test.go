@@ -15,7 +15,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/internal/testkit"
 )
+
+// TestClock is a testkit.Clock as a Clock, for the tests (external ones too) that must
+// do what a ManualClock will not: move the clock (Move, or Advance on another
+// goroutine) while a call that an Advance started, a renewal round, still waits.
+type TestClock struct{ *testkit.Clock }
+
+// AfterFunc is testkit.Clock's, as a Clock's.
+func (c TestClock) AfterFunc(d time.Duration, f func()) Timer {
+	return testTimer(c.Clock.AfterFunc(d, f))
+}
+
+type testTimer func() bool
+
+func (t testTimer) Stop() bool { return t() }
 
 // fenceTestDB returns a pool on a new database with a random name, which the test's
 // cleanup drops, holding the pglock schema (Migrate) and the scratch tables the cases

@@ -210,6 +210,7 @@ var skippedMessages = map[Reason]string{
 	ReasonOtherInstance: "pglock: skipped job: it runs on another instance",
 	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
 	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
+	ReasonLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).

@@ -3,6 +3,7 @@ package pglock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -31,17 +32,31 @@ func newLease(c *Client, job, key string, ttl time.Duration) *lease {
 // hold returns the lease for a tick: kept from an earlier tick, or taken now. When
 // another instance holds it, the tick is skipped (logged and emitted) and the error
 // matches ErrNotAcquired. ctx bounds the wait for a concurrent hold and the store call.
+//
+// The lease vouches that no other instance ran the same tick, which instances' ticks
+// begin within moments of each other; two rules keep that true when one is late. An
+// owner runs a tick only while its renewal is not overdue (Lock.fresh): its lease
+// lives on for more than half a ttl on the database clock, so another instance's take
+// finds it held. A take must be answered within a third of the ttl after the tick
+// began (the wait for a concurrent hold and for a pool connection included), so it
+// cannot find free a lease that a paused owner kept past the tick and ran it under.
+// Either rule broken, the tick is skipped (ReasonLeaseInDoubt), and a grant that came
+// too late is handed back.
 func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	if s.c.isClosed() {
 		return nil, ErrClosed
 	}
+	bound, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	t := s.c.clock.AfterFunc(s.ttl/3, func() { cancel(errTakeLate) })
+	defer t.Stop()
 	select {
 	case s.taking <- struct{}{}:
 	default: // wait, unless ctx ends first; a held lease needs no live ctx
 		select {
 		case s.taking <- struct{}{}:
-		case <-ctx.Done():
-			return nil, context.Cause(ctx)
+		case <-bound.Done():
+			return nil, s.late(ctx, context.Cause(bound))
 		}
 	}
 	defer func() { <-s.taking }()
@@ -49,14 +64,17 @@ func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	l := s.lock
 	s.mu.Unlock()
 	if l != nil && l.Held() {
+		if !l.fresh() {
+			return nil, s.doubt("its renewal is overdue")
+		}
 		return l, nil
 	}
-	l, err := s.c.try(ctx, s.key, s.ttl)
+	l, err := s.c.try(bound, s.key, s.ttl)
 	if errors.Is(err, ErrNotAcquired) {
 		s.c.skipped(s.job, ReasonOtherInstance)
 	}
 	if err != nil {
-		return nil, err
+		return nil, s.late(ctx, err)
 	}
 	s.mu.Lock()
 	s.lock = l
@@ -64,6 +82,24 @@ func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	s.c.logger.Info("pglock: job runs on this instance", slog.String("key", s.job),
 		slog.String("lease", s.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
 	return l, nil
+}
+
+// errTakeLate is the cause of a take's ctx when a third of the ttl has passed.
+var errTakeLate = errors.New("pglock: the take of a job's lease came too late")
+
+// late returns err, or, when the take ran out of its third of the ttl while ctx is
+// live, skips the tick as in doubt.
+func (s *lease) late(ctx context.Context, err error) error {
+	if ctx.Err() == nil && errors.Is(err, errTakeLate) {
+		return s.doubt(fmt.Sprintf("its take was not answered within %v, a third of the ttl, of the tick's start", s.ttl/3))
+	}
+	return err
+}
+
+// doubt skips the tick as one the lease cannot vouch for (ReasonLeaseInDoubt).
+func (s *lease) doubt(why string) error {
+	s.c.skipped(s.job, ReasonLeaseInDoubt)
+	return fmt.Errorf("%w: job %q: the lease %q cannot vouch for this tick: %s", ErrNotAcquired, s.job, s.key, why)
 }
 
 // ran records that a run under the lease starts now.

@@ -53,6 +53,10 @@ func (l *Lock) Context() context.Context { return l.ctx }
 // run to say so. A paused process cannot know: see the package doc on fencing.
 func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
 
+// fresh reports whether the lock is Held and its renewal not overdue: the store's
+// expiry is more than half a ttl away.
+func (l *Lock) fresh() bool { return l.ctx.Err() == nil && l.c.renewer.Fresh(&l.entry) }
+
 // Release gives the lock back. It is idempotent and safe to call concurrently: every
 // call returns what the first returned, once the first has finished. The store call
 // runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still

@@ -11,16 +11,6 @@ import (
 	"github.com/pgfence/pglock/internal/testkit"
 )
 
-type kitClock struct{ *testkit.Clock }
-
-func (c kitClock) AfterFunc(d time.Duration, f func()) Timer {
-	return kitTimer(c.Clock.AfterFunc(d, f))
-}
-
-type kitTimer func() bool
-
-func (t kitTimer) Stop() bool { return t() }
-
 // A call stuck past its patience counts against the store even when another call was
 // answered just after it began (the answer of a call already on its way as an outage
 // starts); an answer once it had waited its patience shows the store up, and excuses it.
@@ -36,7 +26,7 @@ func TestHealthCountsAStuckCallDespiteAnAnswerAsItBegan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := kitClock{testkit.NewClock(time.Unix(0, 0))}
+			clock := TestClock{testkit.NewClock(time.Unix(0, 0))}
 			k := &calls{clock: clock, patience: time.Second}
 			t.Cleanup(func() { k.mu.Lock(); k.closed = true; k.mu.Unlock() })
 			ctx, cancel := context.WithCancel(context.Background())

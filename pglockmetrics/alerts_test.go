@@ -106,7 +106,7 @@ func TestMetricsAnAlertWatchesExistAtZero(t *testing.T) {
 	}, samples(families["pglock_job_runs_total"]))
 	require.Equal(t, map[string]float64{
 		"pglock_job_name=" + job + ",reason=other-instance": 0, "pglock_job_name=" + job + ",reason=run-in-progress": 0,
-		"pglock_job_name=" + job + ",reason=limit-reached": 0,
+		"pglock_job_name=" + job + ",reason=limit-reached": 0, "pglock_job_name=" + job + ",reason=lease-in-doubt": 0,
 	}, samples(families["pglock_job_skips_total"]))
 
 	for name, f := range families {

@@ -98,7 +98,8 @@ var lostReasons = []pglock.Reason{pglock.ReasonExpired, pglock.ReasonRefused, pg
 // jobOutcomes and skipReasons are a job's runs' outcomes and its ticks' skip reasons.
 var (
 	jobOutcomes = []pglock.Outcome{pglock.OutcomeOK, pglock.OutcomeError, pglock.OutcomePanicked, pglock.OutcomeLost}
-	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress, pglock.ReasonLimitReached}
+	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress, pglock.ReasonLimitReached,
+		pglock.ReasonLeaseInDoubt}
 )
 
 // buckets are the histograms' bounds, in seconds: from a millisecond (a store call on a

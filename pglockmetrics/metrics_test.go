@@ -198,6 +198,7 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 		"pglock.job.name=reports:nightly,reason=run-in-progress": 1,
 		"pglock.job.name=reports:nightly,reason=other-instance":  0, // from the job's registration
 		"pglock.job.name=reports:nightly,reason=limit-reached":   0,
+		"pglock.job.name=reports:nightly,reason=lease-in-doubt":  0,
 	}, got.sums["pglock.job.skips"])
 	require.Equal(t, map[string]int64{
 		"outcome=ok,pglock.job.name=reports:nightly":       1,
@@ -289,7 +290,7 @@ func TestMetricsShowPermitsApartFromLocks(t *testing.T) {
 	require.Equal(t, map[string]uint64{"kind=lock": 1, "kind=permit": 3}, got.counts["pglock.acquire.duration"])
 	require.Equal(t, map[string]int64{
 		"pglock.job.name=" + job + ",reason=limit-reached": 1, "pglock.job.name=" + job + ",reason=other-instance": 0,
-		"pglock.job.name=" + job + ",reason=run-in-progress": 0,
+		"pglock.job.name=" + job + ",reason=run-in-progress": 0, "pglock.job.name=" + job + ",reason=lease-in-doubt": 0,
 	}, got.sums["pglock.job.skips"])
 	for _, kv := range got.attributes {
 		require.Contains(t, []attribute.Key{"kind", "outcome", "reason", "pglock.job.name"}, kv.Key)

@@ -27,7 +27,9 @@ instance, and the instances that registered it.
 
 Outcomes: ok, error, panicked, lost (the lock was lost mid-run). Skip reasons:
 other-instance (another instance owns the job: OnOneInstance), run-in-progress (a
-run still holds the run lock: WithoutOverlapping). Times are on the database's
+run still holds the run lock: WithoutOverlapping), limit-reached (AtMost's permits
+are all held), lease-in-doubt (the job's lease was taken or renewed too late to
+vouch that no other instance ran the tick). Times are on the database's
 clock. Clients record runs unless RunHistory(0); runs are kept 7 days by default.`,
 	example: `
 pglock jobs

@@ -270,6 +270,16 @@ func (r *Renewer) Live(e *Entry) bool {
 	return !e.lost && !e.removed && now.Before(e.deadline)
 }
 
+// Fresh reports whether e is Live and its renewal is not overdue on the clock: the
+// last confirmed renewal was sent less than half its ttl ago, so the store's own
+// expiry is more than half a ttl away.
+func (r *Renewer) Fresh(e *Entry) bool {
+	now := r.cfg.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !e.lost && !e.removed && now.Before(e.overdueAt())
+}
+
 // Overdue counts the entries added, not lost, whose last confirmed renewal was sent
 // more than half their ttl ago on the clock: one renewal, due at a third of the ttl,
 // has not been confirmed in time, and the lock is lost at nine tenths unless one is.

@@ -264,10 +264,19 @@ func TestInFlightEntryLostAtItsDeadline(t *testing.T) {
 	advanced := goAdvance(t, clock, ttl/3, g)
 	recv(t, g.entered)
 
+	// Half a ttl after the last confirmed send, the renewal is overdue: still live, no
+	// longer fresh.
+	clock.AdvanceTo(t0.Add(ttl/2 - time.Nanosecond))
+	require.True(t, r.Fresh(a))
+	clock.AdvanceTo(t0.Add(ttl / 2))
+	require.False(t, r.Fresh(a))
+	require.True(t, r.Live(a))
+
 	deadline := Deadline(t0, ttl)
 	clock.AdvanceTo(deadline.Add(-time.Nanosecond))
 	require.Empty(t, lost.Reasons())
 	require.True(t, r.Live(a))
+	require.False(t, r.Fresh(a))
 
 	clock.AdvanceTo(deadline) // the call still hangs
 	require.Equal(t, []Reason{Expired}, lost.Reasons())
