@@ -83,7 +83,8 @@ type GocronElector struct {
 }
 
 // IsLeader returns nil on the leader (taking the lease if it is free), an error
-// matching ErrNotAcquired where another instance leads, ErrClosed once the client's
+// matching ErrNotAcquired where another instance leads or where the lease cannot vouch
+// for this run (ReasonLeaseInDoubt, as OnOneInstance says), ErrClosed once the client's
 // Close has begun, or a store error; ctx bounds its store call. gocron calls it before
 // each run of every job of the scheduler.
 func (e *GocronElector) IsLeader(ctx context.Context) error {
@@ -188,7 +189,8 @@ func (e *GocronElector) leaveToExpire() {
 // "<name>:owner" (OnOneInstance's lease of a job keyed name) at the first tick that
 // finds it free and keeps it, renewed, between ticks for as long as the client is up;
 // on the other instances, Lock returns an error matching ErrNotAcquired and gocron
-// skips the run (logged at debug, emitted as an EventJobSkipped). Unlock keeps the
+// skips the run (logged at debug, emitted as an EventJobSkipped); so does a tick the
+// lease cannot vouch for (ReasonLeaseInDoubt, as OnOneInstance says). Unlock keeps the
 // lease: it needs no store call, so it works with the cancelled ctx gocron passes at
 // its shutdown; it emits an EventJobRan, records the run in the run history (see
 // RunHistory: OutcomeOK, or OutcomeLost, since gocron does not tell a locker how its
