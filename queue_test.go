@@ -164,9 +164,21 @@ func TestFairSkipsADeadOrPausedWaiterWithinTheBound(t *testing.T) {
 			var cut func()
 			switch how {
 			case "dead":
-				proxied, proxy := proxiedPool(t, url, 2)
+				proxied, proxy := proxiedPool(t, url+"&application_name=fair_dead", 2)
 				stuck = newPoolClient(t, proxied)
-				cut = proxy.Blackhole
+				// Silent, and with no poll of its left in the server: a heartbeat sent
+				// just before the silence and run just after the release would claim
+				// the grant, and the key would be the dead client's for its whole ttl,
+				// as any acquisition whose reply a partition swallows (1 run in 40).
+				cut = func() {
+					proxy.Blackhole()
+					require.Eventually(t, func() bool {
+						var active bool
+						err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+							WHERE application_name = 'fair_dead' AND state = 'active')`).Scan(&active)
+						return err == nil && !active
+					}, 10*time.Second, time.Millisecond, "the dead client's last poll")
+				}
 				t.Cleanup(proxy.Restore) // before the client's Close
 			case "paused":
 				clock := pglocktest.NewManualClock(time.Now())
