@@ -44,7 +44,9 @@ const queueHeartbeat = queueBound / 4
 // it that it does not claim within Q goes to the next live waiter at that waiter's next
 // poll. A waiter paused longer than Q keeps its place and is served when it polls again
 // (not polled for a minute, it queues again at the back). A waiter whose ctx ends, whose
-// Wait passes or whose Client closes leaves the queue, passing on a grant it had.
+// Wait passes or whose Client closes leaves the queue, passing on a grant it had. A
+// waiter that dies after its poll claimed the key (the reply lost, say, to a partition)
+// holds it as any holder does: until its ttl passes.
 //
 // What it costs: a row per waiter and a poll (an unflushed write) every Q/4 per waiter,
 // and, for the waiter served, one round trip more than a plain acquisition (the claim).
