@@ -226,12 +226,12 @@ func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, acquire := range []func(context.Context) (*pglock.Lock, error){
-		func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, "busy:lock") },
+		func(ctx context.Context) (*pglock.Lock, error) { return c.TryAcquire(ctx, "given-up:lock") },
 		func(ctx context.Context) (*pglock.Lock, error) {
-			return c.Acquire(ctx, "busy:lock", pglock.Wait(time.Minute))
+			return c.Acquire(ctx, "given-up:lock", pglock.Wait(time.Minute))
 		},
 		func(ctx context.Context) (*pglock.Lock, error) {
-			sem, err := c.Semaphore("busy:sem", 2)
+			sem, err := c.Semaphore("given-up:sem", 2)
 			require.NoError(t, err)
 			return sem.TryAcquire(ctx)
 		},
@@ -246,7 +246,7 @@ func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 
 	var rows int
 	require.NoError(t, pglocktest.Pool(t, url, 1).QueryRow(t.Context(),
-		"SELECT count(*) FROM pglock.locks WHERE key LIKE 'busy:%'").Scan(&rows))
+		"SELECT count(*) FROM pglock.locks WHERE key LIKE 'given-up:%'").Scan(&rows))
 	require.Zero(t, rows, "an acquisition given up before it had a connection was granted")
 }
 
