@@ -133,6 +133,14 @@ func (l *eventLog) count(typ pglock.EventType, key string, reason pglock.Reason)
 	return n
 }
 
+// awaitCount waits until n events of type typ on key with reason were recorded: the
+// client hands events to its handlers on a goroutine of its own.
+func (l *eventLog) awaitCount(t testing.TB, typ pglock.EventType, key string, reason pglock.Reason, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return l.count(typ, key, reason) == n }, 5*time.Second, 5*time.Millisecond,
+		"%d events %s on %q (%s): %+v", n, typ, key, reason, l.all())
+}
+
 // leadership lists the leadership events, with their reason or error.
 func (l *eventLog) leadership() []string {
 	var out []string

@@ -56,8 +56,7 @@ func TestATickWhoseTakeComesLateDoesNotRunTheOwnersTickAgain(t *testing.T) {
 	require.NoError(t, receive(t, done, "the late tick"))
 
 	require.Equal(t, int32(1), ran.Load(), "the late tick ran the owner's tick again")
-	require.Eventually(t, func() bool { return events.count(pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt) == 1 },
-		5*time.Second, 5*time.Millisecond, "the tick's skip as in doubt")
+	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt, 1)
 	holders, err := late.Locks(t.Context(), key+":owner")
 	require.NoError(t, err)
 	for _, h := range holders {
@@ -90,8 +89,7 @@ func TestAnOwnerWhoseRenewalIsOverdueSkipsTheTick(t *testing.T) {
 	clock.Move(ttl/2 - ttl/3) // half a ttl since the last confirmed renewal was sent
 	require.NoError(t, job.Run(t.Context()))
 	require.Equal(t, int32(1), ran.Load(), "an owner whose renewal was overdue ran the tick")
-	require.Eventually(t, func() bool { return events.count(pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt) == 1 },
-		5*time.Second, 5*time.Millisecond, "the tick's skip as in doubt")
+	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt, 1)
 
 	proxy.Restore() // the renewal is answered: the owner runs ticks again
 	receive(t, renewed, "the renewal's answer")
