@@ -192,6 +192,72 @@ func await(t *testing.T, ch <-chan struct{}) {
 	}
 }
 
+// stallWatch records when the test's process did not run: a timer due every 10 ms that
+// fired 30 ms late or more. A stall delays every timer of the process alike, the
+// renewer's included, and a loaded machine (go test -race ./... on 2 cores) stalls a
+// process for hundreds of milliseconds now and then.
+type stallWatch struct {
+	mu     sync.Mutex
+	stalls [][2]time.Time // due, ran
+}
+
+// watchStalls starts a stallWatch, stopped when the test ends.
+func watchStalls(t testing.TB) *stallWatch {
+	w := &stallWatch{}
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
+	go func() {
+		defer close(done)
+		const every = 10 * time.Millisecond
+		timer := time.NewTimer(every)
+		defer timer.Stop()
+		for due := time.Now().Add(every); ; due = time.Now().Add(every) {
+			select {
+			case <-stop:
+				return
+			case <-timer.C:
+			}
+			if ran := time.Now(); ran.Sub(due) >= 30*time.Millisecond {
+				w.mu.Lock()
+				w.stalls = append(w.stalls, [2]time.Time{due, ran})
+				w.mu.Unlock()
+			}
+			timer.Reset(every)
+		}
+	}()
+	return w
+}
+
+// longest returns the longest stall that overlapped [from, to].
+func (w *stallWatch) longest(from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var d time.Duration
+	for _, s := range w.stalls {
+		if s[1].After(from) && s[0].Before(to) {
+			d = max(d, s[1].Sub(s[0]))
+		}
+	}
+	return d
+}
+
+// requireCancelledBefore fails t unless the ctx of what, a lock of ttl, cancelled at at,
+// was cancelled before the database's expiry, or after it by no more than a stall of
+// the process around its deadline (a tenth of the ttl before the expiry) lasted: no
+// timer fires while its process does not run, which is the machine's doing. A late
+// cancellation while the process ran is pglock's.
+func (w *stallWatch) requireCancelledBefore(t testing.TB, what string, ttl time.Duration, at, expires time.Time) {
+	t.Helper()
+	if at.Before(expires) {
+		return
+	}
+	late := at.Sub(expires)
+	stall := w.longest(expires.Add(-ttl/10), at)
+	require.GreaterOrEqual(t, stall, late, "%s's ctx was cancelled %v after the database expired it, "+
+		"and the process ran meanwhile (its longest stall around the deadline: %v)", what, late, stall)
+	t.Logf("%s's ctx was cancelled %v after the database expired it, through a stall of the process of %v", what, late, stall)
+}
+
 // requirePrompt fails t unless a call that must not wait, which took took, returned
 // within limit, or, on a machine slow enough for that to be more, within ten times ref:
 // how long a like call took that had nothing to wait for. A call that waits (for a
