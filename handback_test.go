@@ -253,34 +253,51 @@ func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 // A grant whose call waited for a connection of a busy pool longer than its ttl is
 // kept: the lease counts from when the call had its connection, not from before the
 // wait. (Counted from before, the client refused the grant as too late to trust, and
-// handed back a lock it could have held.)
+// handed back a lock it could have held.) The same for a fair waiter's take, whose
+// call is the queue's.
 func TestAGrantAfterAWaitForThePoolCountsFromItsSend(t *testing.T) {
 	t.Parallel()
-	pool, nextAcquire := watchedPool(t, pglocktest.PostgresURL(t))
-	clock := pglocktest.NewManualClock(time.Now())
-	const ttl = 10 * time.Second
-	c := newPoolClient(t, pool, pglock.WithClock(clock), pglock.TTL(ttl))
-	busy, err := pool.Acquire(t.Context())
-	require.NoError(t, err)
+	for _, tc := range []struct {
+		name    string
+		acquire func(c *pglock.Client, key string) (*pglock.Lock, error)
+	}{
+		{"TryAcquire", func(c *pglock.Client, key string) (*pglock.Lock, error) {
+			return c.TryAcquire(context.Background(), key)
+		}},
+		{"Fair", func(c *pglock.Client, key string) (*pglock.Lock, error) {
+			return c.Acquire(context.Background(), key, pglock.Fair())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := "busy:late:" + tc.name
+			pool, nextAcquire := watchedPool(t, pglocktest.PostgresURL(t))
+			clock := pglocktest.NewManualClock(time.Now())
+			const ttl = 10 * time.Second
+			c := newPoolClient(t, pool, pglock.WithClock(clock), pglock.TTL(ttl))
+			busy, err := pool.Acquire(t.Context())
+			require.NoError(t, err)
 
-	waiting := nextAcquire()
-	acquired := make(chan error, 1)
-	var l *pglock.Lock
-	go func() {
-		var err error
-		l, err = c.TryAcquire(context.Background(), "busy:late")
-		acquired <- err
-	}()
-	receive(t, waiting, "the acquisition's wait for a connection")
-	clock.Advance(ttl) // the whole ttl spent waiting for the pool
-	busy.Release()
-	require.NoError(t, receive(t, acquired, "the acquisition"))
-	require.True(t, l.Held())
-	holder, err := c.Locks(t.Context(), "busy:late")
-	require.NoError(t, err)
-	require.Len(t, holder, 1)
-	require.Equal(t, l.Token(), holder[0].Token, "the key is held by the lock the client kept")
-	require.NoError(t, l.Release(t.Context()))
+			waiting := nextAcquire()
+			acquired := make(chan error, 1)
+			var l *pglock.Lock
+			go func() {
+				var err error
+				l, err = tc.acquire(c, key)
+				acquired <- err
+			}()
+			receive(t, waiting, "the acquisition's wait for a connection")
+			clock.Advance(ttl) // the whole ttl spent waiting for the pool
+			busy.Release()
+			require.NoError(t, receive(t, acquired, "the acquisition"))
+			require.True(t, l.Held())
+			holder, err := c.Locks(t.Context(), key)
+			require.NoError(t, err)
+			require.Len(t, holder, 1)
+			require.Equal(t, l.Token(), holder[0].Token, "the key is held by the lock the client kept")
+			require.NoError(t, l.Release(t.Context()))
+		})
+	}
 }
 
 // The other side of the same line: the time a statement spends on the wire and in the

@@ -100,12 +100,14 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 			q.leave()
 			return nil, fmt.Errorf("%w: key %q: %w", ErrNotAcquired, key, context.Cause(ctx))
 		}
-		sentAt := c.clock.Now()
-		permit, token, err := q.step(ctx)
+		// The lease of a key taken or claimed counts from when the call had its
+		// connection, not from before a wait for a busy pool (see sendMark).
+		mark := &sendMark{wait: ctx, now: c.clock.Now, sent: c.clock.Now()}
+		permit, token, err := q.step(withSendMark(ctx, mark))
 		q.reline()
 		switch {
 		case err == nil && token > 0:
-			return c.newLock(t, permit, q.owner, lc.ttl, token, start, sentAt)
+			return c.newLock(t, permit, q.owner, lc.ttl, token, start, mark.sent)
 		case err == nil:
 			failingSince = time.Time{}
 			if q.ticket == 0 {
