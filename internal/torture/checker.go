@@ -88,9 +88,12 @@ type Stats struct {
 	AcquireErr              int
 	ReleaseOK, ReleaseLost  int
 	Tables                  map[string]*TableStats
-	TickRuns                int // job runs, on the clients
-	TickZombies             int // runs by an owner whose lease had expired (paused), refused by the fence
-	TickCutOff              int // runs whose lease a fault let expire under them before another worker ran the tick
+	TickRuns                int            // job runs, on the clients
+	TickZombies             int            // runs by an owner whose lease had expired (paused), refused by the fence
+	TickCutOff              int            // runs whose lease a fault let expire under them before another worker ran the tick
+	TickSkips               map[string]int // ticks skipped on a worker, by the reason of its EventJobSkipped
+	TicksNowhere            int            // ticks, from the first to the last a worker reached, that no worker ran
+	TicksNowhereInDoubt     int            // ... of those, skipped on a worker as lease-in-doubt (the price of that rule)
 	LeaderTerms             int
 	Faults                  map[string]int
 	LostSignals             map[string]int // by reason
@@ -792,6 +795,7 @@ func (c *checker) job() {
 			runs[r.Wrote] = append(runs[r.Wrote], r)
 		}
 	}
+	c.tickSkips(runs)
 	for _, n := range slices.Sorted(maps.Keys(runs)) {
 		rs := runs[n]
 		lastRun := slices.MaxFunc(rs, func(a, b Record) int { return a.Local.Compare(b.Local) }).Local
@@ -831,6 +835,57 @@ func (c *checker) job() {
 			c.r.Stats.TickCutOff += cutOff
 		case live > 1:
 			c.r.violate(invJob, "tick %d ran on %d workers with live leases", n, live)
+		}
+	}
+}
+
+// tickSkips counts the job's skipped ticks by reason, each skip matched to the
+// EventJobSkipped emitted during its Run call on its worker ("unknown" when none was
+// recorded: a dropped event, a worker killed first), and the ticks that no worker ran
+// (runs: the ticks run, by tick), from the first tick a worker reached to the last:
+// a skip as lease-in-doubt among a tick's is what the lease's rule cost (a tick its
+// owner would have run on a lease it could not vouch for).
+func (c *checker) tickSkips(runs map[int64][]Record) {
+	st := &c.r.Stats
+	st.TickSkips = map[string]int{}
+	reasons := map[int64][]string{} // by tick
+	var first, last int64
+	reached := func(n int64) {
+		if first == 0 || n < first {
+			first = n
+		}
+		last = max(last, n)
+	}
+	for n := range runs {
+		reached(n)
+	}
+	for _, recs := range c.recs {
+		var events []Record
+		for _, r := range recs {
+			if r.F == fSkipped && r.Key == jobKey {
+				events = append(events, r)
+			}
+		}
+		for _, r := range recs {
+			if r.F != fSkip {
+				continue
+			}
+			reached(r.Wrote)
+			reason := "unknown"
+			if i := slices.IndexFunc(events, func(e Record) bool { return !e.Local.Before(r.Start) && !e.Local.After(r.Local) }); i >= 0 {
+				reason = events[i].Reason
+			}
+			st.TickSkips[reason]++
+			reasons[r.Wrote] = append(reasons[r.Wrote], reason)
+		}
+	}
+	for n := first; first != 0 && n <= last; n++ {
+		if len(runs[n]) > 0 {
+			continue
+		}
+		st.TicksNowhere++
+		if slices.Contains(reasons[n], string(pglock.ReasonLeaseInDoubt)) {
+			st.TicksNowhereInDoubt++
 		}
 	}
 }

@@ -37,6 +37,8 @@ const (
 	fRead    = "read"    // the read of a read-modify-write (the claim, for the column fence)
 	fWrite   = "write"   // the write of a read-modify-write
 	fTick    = "tick"    // the OnOneInstance job's run and its fenced write
+	fSkip    = "skip"    // a tick the job did not run here: Wrote the tick, Start and Local the Run call
+	fSkipped = "skipped" // EventJobSkipped (emitted during a skip's Run call); Reason: why
 	fLead    = "lead"    // OnAcquired called
 	fUnlead  = "unlead"  // OnAcquired's ctx cancelled
 	fOnLost  = "onlost"  // OnLost called

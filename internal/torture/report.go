@@ -127,6 +127,11 @@ func summary(r *Result) string {
 	p("| fenced writes under a permit (`FenceUpdate` on the permit's row, `FenceHeld` with the semaphore's key): ok / refused | %d / %d |",
 		st.PermitWrites[0], st.PermitWrites[1])
 	p("| job runs (ticks run, all workers) / by a paused owner, after its lease expired / cut off by a fault, its lease expired under it | %d / %d / %d |", st.TickRuns, st.TickZombies, st.TickCutOff)
+	for _, reason := range slices.Sorted(maps.Keys(st.TickSkips)) {
+		p("| job ticks skipped on a worker: %s | %d |", reason, st.TickSkips[reason])
+	}
+	p("| ticks run by no worker (from the first tick to the last) / of those, skipped as lease-in-doubt on a worker | %d / %d |",
+		st.TicksNowhere, st.TicksNowhereInDoubt)
 	p("| leadership terms | %d |", st.LeaderTerms)
 	p("| history records | %d |", st.Records)
 	p("")

@@ -1003,3 +1003,31 @@ func TestCheckerCountsAStepDownAsLettingGo(t *testing.T) {
 	r = check(h)
 	require.Equal(t, 1, r.Violations[invSignal], "never stepped down: %v", r.Details)
 }
+
+// The job's skipped ticks are counted by the reason of the EventJobSkipped emitted during
+// each skip's Run, and a tick that no worker ran is counted, apart when a worker skipped
+// it as lease-in-doubt: what that rule cost.
+func TestCheckerCountsSkippedTicks(t *testing.T) {
+	t.Parallel()
+	h := baseline() // w1.1 runs ticks 100 to 102, from 100 ms on
+	rec := func(r Record) { h.Records = append(h.Records, r) }
+	skip := func(w string, n int64, from int, reason pglock.Reason) {
+		rec(Record{Worker: w, Type: typeEvent, F: fSkip, Wrote: n, Start: at(from), Local: at(from + 10)})
+		if reason != "" {
+			rec(Record{Worker: w, Type: typeEvent, F: fSkipped, Key: jobKey, Reason: string(reason), Local: at(from + 5)})
+		}
+	}
+	skip("w2.1", 100, 100, pglock.ReasonOtherInstance)
+	skip("w1.1", 103, 250, pglock.ReasonLeaseInDoubt)
+	skip("w2.1", 103, 250, pglock.ReasonOtherInstance)
+	skip("w1.1", 104, 300, "") // its event was never recorded
+	// An event outside any skip's Run is not a skip's.
+	rec(Record{Worker: "w2.1", Type: typeEvent, F: fSkipped, Key: jobKey, Reason: string(pglock.ReasonLeaseInDoubt), Local: at(400)})
+
+	r := check(h)
+	require.False(t, r.Failed(), "%v", r.Details)
+	require.Equal(t, map[string]int{"other-instance": 2, "lease-in-doubt": 1, "unknown": 1}, r.Stats.TickSkips)
+	require.Equal(t, 2, r.Stats.TicksNowhere, "ticks 103 and 104")
+	require.Equal(t, 1, r.Stats.TicksNowhereInDoubt, "tick 103")
+	require.Contains(t, summary(r), "| job ticks skipped on a worker: lease-in-doubt | 1 |")
+}

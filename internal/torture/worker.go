@@ -105,6 +105,9 @@ type worker struct {
 	// inSection is the lock of the WithLock section running now, if any: the one the
 	// old-close mutation hands back under it.
 	inSection atomic.Pointer[pglock.Lock]
+	// ran is the tick the job last ran, set by tickRun on the ticks goroutine (Run calls
+	// the job on its caller's goroutine).
+	ran int64
 }
 
 // runWorker runs a worker until SIGTERM or SIGINT, then shuts its client down cleanly.
@@ -231,6 +234,8 @@ func (w *worker) event(ev pglock.Event) {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
 		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: permitRowKey(ev.Key, ev.Permit), Owner: ev.Owner, Token: ev.Token,
 			Reason: string(ev.Reason), Local: ev.Time})
+	case pglock.EventJobSkipped:
+		w.h.add(Record{Type: typeEvent, F: fSkipped, Key: ev.Key, Reason: string(ev.Reason), Local: ev.Time})
 	case pglock.EventRenewal:
 		r := Record{Type: typeEvent, F: fRenewal, Start: ev.Time.Add(-ev.Duration), Local: ev.Time}
 		if ev.Err != nil {
@@ -736,8 +741,13 @@ func (w *worker) ticks(ctx context.Context, job *pglock.Job) {
 			continue
 		}
 		last = n
-		if err := job.Run(context.WithValue(ctx, tickKey{}, n)); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		err := job.Run(context.WithValue(ctx, tickKey{}, n))
+		switch {
+		case err != nil && ctx.Err() == nil:
 			w.h.add(Record{Type: typeFail, F: fTick, Wrote: n, Err: err.Error()})
+		case err == nil && w.ran != n: // skipped: its EventJobSkipped, emitted during the Run, says why
+			w.h.add(Record{Type: typeEvent, F: fSkip, Wrote: n, Start: start, Local: time.Now()})
 		}
 	}
 }
@@ -745,6 +755,7 @@ func (w *worker) ticks(ctx context.Context, job *pglock.Job) {
 // tickRun is the job: it records the tick in the job's row, fenced by its lease.
 func (w *worker) tickRun(ctx context.Context) error {
 	n, _ := ctx.Value(tickKey{}).(int64)
+	w.ran = n
 	l, ok := pglock.FromContext(ctx)
 	if !ok {
 		return errors.New("torture: the job's ctx carries no lock")
