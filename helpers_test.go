@@ -192,10 +192,8 @@ func await(t *testing.T, ch <-chan struct{}) {
 	}
 }
 
-// stallWatch records when the test's process did not run: a timer due every 10 ms that
-// fired 30 ms late or more. A stall delays every timer of the process alike, the
-// renewer's included, and a loaded machine (go test -race ./... on 2 cores) stalls a
-// process for hundreds of milliseconds now and then.
+// stallWatch records when the test's process did not run (testkit.WatchStalls): a
+// stall delays every timer of the process alike, the renewer's included.
 type stallWatch struct {
 	mu     sync.Mutex
 	stalls [][2]time.Time // due, ran
@@ -204,26 +202,16 @@ type stallWatch struct {
 // watchStalls starts a stallWatch, stopped when the test ends.
 func watchStalls(t testing.TB) *stallWatch {
 	w := &stallWatch{}
-	stop, done := make(chan struct{}), make(chan struct{})
-	t.Cleanup(func() { close(stop); <-done })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
 	go func() {
 		defer close(done)
-		const every = 10 * time.Millisecond
-		timer := time.NewTimer(every)
-		defer timer.Stop()
-		for due := time.Now().Add(every); ; due = time.Now().Add(every) {
-			select {
-			case <-stop:
-				return
-			case <-timer.C:
-			}
-			if ran := time.Now(); ran.Sub(due) >= 30*time.Millisecond {
-				w.mu.Lock()
-				w.stalls = append(w.stalls, [2]time.Time{due, ran})
-				w.mu.Unlock()
-			}
-			timer.Reset(every)
-		}
+		testkit.WatchStalls(ctx, func(due, ran time.Time) {
+			w.mu.Lock()
+			w.stalls = append(w.stalls, [2]time.Time{due, ran})
+			w.mu.Unlock()
+		})
 	}()
 	return w
 }

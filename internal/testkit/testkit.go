@@ -6,6 +6,7 @@ package testkit
 
 import (
 	"bytes"
+	"context"
 	"sync"
 	"time"
 )
@@ -120,4 +121,35 @@ func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// StallPeriod is how often a stall watch's timer is due; StallMin is how late it must
+// run to count as a stall.
+const (
+	StallPeriod = 10 * time.Millisecond
+	StallMin    = 30 * time.Millisecond
+)
+
+// WatchStalls arms a timer every StallPeriod and calls stalled with its due time and
+// the time it ran whenever it ran StallMin late or more, until ctx ends: the time the
+// process (or its Go scheduler) did not run, which every timer of it suffered too. A
+// SIGSTOP shows as one long stall; a loaded machine (go test -race on 2 cores) stalls a
+// process for hundreds of milliseconds now and then.
+func WatchStalls(ctx context.Context, stalled func(due, ran time.Time)) {
+	t := time.NewTimer(StallPeriod)
+	defer t.Stop()
+	due := time.Now().Add(StallPeriod)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ran := time.Now()
+		if ran.Sub(due) >= StallMin {
+			stalled(due, ran)
+		}
+		due = ran.Add(StallPeriod)
+		t.Reset(StallPeriod)
+	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgfence/pglock/internal/testkit"
 )
 
 // callTracer records, in a worker's history, every pglock statement its pool runs (the
@@ -132,34 +134,15 @@ func pglockCall(sql string) string {
 }
 
 // stallPeriod is how often a stall watch's timer is due; stallMin is how late it must
-// run to count as a stall.
+// run to count as a stall (testkit.WatchStalls); the server's pings use the same.
 const (
-	stallPeriod = 10 * time.Millisecond
-	stallMin    = 30 * time.Millisecond
+	stallPeriod = testkit.StallPeriod
+	stallMin    = testkit.StallMin
 )
 
-// watchStalls arms a timer every stallPeriod and calls stalled with its due time and
-// the time it ran whenever it ran stallMin late or more, until ctx ends: the time the
-// process (or its Go scheduler) did not run, which every timer of it, the renewer's
-// included, suffered too. A SIGSTOP shows as one long stall.
-func watchStalls(ctx context.Context, stalled func(due, ran time.Time)) {
-	t := time.NewTimer(stallPeriod)
-	defer t.Stop()
-	due := time.Now().Add(stallPeriod)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		ran := time.Now()
-		if ran.Sub(due) >= stallMin {
-			stalled(due, ran)
-		}
-		due = ran.Add(stallPeriod)
-		t.Reset(stallPeriod)
-	}
-}
+// watchStalls is testkit.WatchStalls: every timer of a worker, the renewer's included,
+// suffered the stalls it reports.
+var watchStalls = testkit.WatchStalls
 
 // watchServer pings the server (SELECT 1 on a connection of its own) every stallPeriod
 // and calls stalled with the ping's send and answer whenever it took stallMin or more,
