@@ -237,6 +237,7 @@ type proc struct {
 	life   *Life
 	cmd    *exec.Cmd
 	done   chan struct{} // closed when it has exited and life is complete
+	ready  chan struct{} // closed when it handles SIGTERM and SIGUSR1 (before, either kills it)
 	killed bool          // by the nemesis or at shutdown: an exit that is no finding
 }
 
@@ -386,16 +387,33 @@ func (c *controller) start(s *slot) error {
 	}
 	wc := workerConfig{id: id, db: c.cfg.DatabaseURL, dial: s.addrs(), history: historyFile(c.cfg.Dir, id),
 		keys: c.cfg.Keys, permits: c.cfg.Permits, ttl: c.cfg.TTL, think: c.cfg.Think, tick: c.cfg.Tick, burn: c.cfg.Burn, seed: c.rng.Uint64(),
-		mutate: c.cfg.Mutate}
-	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// The kernel kills the worker if the controller dies without cleaning up.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+		mutate: c.cfg.Mutate, readyFD: 3}
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
 		_ = logFile.Close()
 		return err
 	}
-	p := &proc{life: &Life{ID: id, Slot: s.n, PID: cmd.Process.Pid, Start: time.Now(), Stderr: logPath}, cmd: cmd, done: make(chan struct{})}
+	cmd := exec.Command(c.cfg.WorkerBin, wc.args()...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.ExtraFiles = []*os.File{readyW} // the worker's fd 3
+	// The kernel kills the worker if the controller dies without cleaning up.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	err = cmd.Start()
+	_ = readyW.Close() // the worker's copy is the one that counts
+	if err != nil {
+		_ = readyR.Close()
+		_ = logFile.Close()
+		return err
+	}
+	p := &proc{life: &Life{ID: id, Slot: s.n, PID: cmd.Process.Pid, Start: time.Now(), Stderr: logPath}, cmd: cmd,
+		done: make(chan struct{}), ready: make(chan struct{})}
+	go func() {
+		// The worker closes its end once it handles the signals; an end closed by its
+		// exit reads the same, and done tells the two apart.
+		_, _ = readyR.Read(make([]byte, 1))
+		_ = readyR.Close()
+		close(p.ready)
+	}()
 	c.mu.Lock()
 	c.lives = append(c.lives, p.life)
 	c.mu.Unlock()
@@ -414,8 +432,13 @@ func (c *controller) start(s *slot) error {
 	return nil
 }
 
-// signal sends sig to the slot's worker.
+// signal sends sig to the slot's worker. SIGTERM and SIGUSR1 wait until the worker
+// handles them, or has exited: sent sooner, either would kill it as it starts, a death
+// the checker would blame on the worker.
 func (c *controller) signal(s *slot, sig syscall.Signal) error {
+	if sig == syscall.SIGTERM || sig == syscall.SIGUSR1 {
+		<-s.cur.ready
+	}
 	return s.cur.cmd.Process.Signal(sig)
 }
 

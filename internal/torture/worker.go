@@ -58,12 +58,14 @@ type workerConfig struct {
 	burn    time.Duration
 	seed    uint64
 	mutate  string // an old behaviour to restore, to show the checker catches it (see mutations)
+	readyFD int    // a pipe to close once SIGTERM and SIGUSR1 are handled; 0 for none
 }
 
 func (c workerConfig) args() []string {
 	return []string{"worker", "-id", c.id, "-db", c.db, "-dial", c.dial, "-history", c.history,
 		"-keys", strconv.Itoa(c.keys), "-permits", strconv.Itoa(c.permits), "-ttl", c.ttl.String(), "-think", c.think.String(),
-		"-tick", c.tick.String(), "-burn", c.burn.String(), "-seed", strconv.FormatUint(c.seed, 10), "-mutate", c.mutate}
+		"-tick", c.tick.String(), "-burn", c.burn.String(), "-seed", strconv.FormatUint(c.seed, 10), "-mutate", c.mutate,
+		"-ready-fd", strconv.Itoa(c.readyFD)}
 }
 
 func parseWorkerFlags(args []string) (workerConfig, error) {
@@ -81,6 +83,7 @@ func parseWorkerFlags(args []string) (workerConfig, error) {
 	fs.DurationVar(&c.burn, "burn", time.Second, "how long SIGUSR1 burns the CPU")
 	fs.Uint64Var(&c.seed, "seed", 0, "the random seed")
 	fs.StringVar(&c.mutate, "mutate", "", "an old behaviour to restore (see -mutate of the controller)")
+	fs.IntVar(&c.readyFD, "ready-fd", 0, "a file descriptor to close once the worker handles SIGTERM and SIGUSR1")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -99,7 +102,8 @@ type worker struct {
 	pool   *pgxpool.Pool
 	client *pglock.Client
 	h      *historyWriter
-	rng    *rand.Rand // the lock loop's only
+	slow   <-chan os.Signal // SIGUSR1: burn the CPU
+	rng    *rand.Rand       // the lock loop's only
 	sem    *pglock.Semaphore
 	ops    atomic.Int64
 	// inSection is the lock of the WithLock section running now, if any: the one the
@@ -118,6 +122,16 @@ func runWorker(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	slow := make(chan os.Signal, 1)
+	signal.Notify(slow, syscall.SIGUSR1)
+	defer signal.Stop(slow)
+	// Until now SIGTERM and SIGUSR1 killed the process: the controller sends neither
+	// before this pipe closes.
+	if cfg.readyFD > 0 {
+		if err := os.NewFile(uintptr(cfg.readyFD), "ready").Close(); err != nil {
+			return fmt.Errorf("worker: -ready-fd: %w", err)
+		}
+	}
 
 	pcfg, err := pgxpool.ParseConfig(cfg.db)
 	if err != nil {
@@ -154,7 +168,7 @@ func runWorker(args []string) error {
 		<-stalls
 		return h.close()
 	}
-	w := &worker{cfg: cfg, pool: pool, h: h, rng: rand.New(rand.NewPCG(cfg.seed, 0x7047))}
+	w := &worker{cfg: cfg, pool: pool, h: h, slow: slow, rng: rand.New(rand.NewPCG(cfg.seed, 0x7047))}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	w.client, err = pglock.New(pool, pglock.TTL(cfg.ttl), pglock.WithInstanceName(cfg.id),
 		pglock.WithLogger(logger), pglock.WithEventHandler(w.event))
@@ -790,16 +804,13 @@ func (w *worker) onLost(l *pglock.Lock) {
 // burner slows the worker's event loop on SIGUSR1: one spinning goroutine per P for
 // the burn duration, so the scheduler, the renewer's timers included, runs late.
 func (w *worker) burner(ctx context.Context) {
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGUSR1)
-	defer signal.Stop(sig)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-sig:
+		case <-w.slow:
 		}
 		w.h.add(Record{Type: typeEvent, F: fSlow, Reason: w.cfg.burn.String()})
 		until := time.Now().Add(w.cfg.burn)
