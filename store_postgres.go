@@ -368,10 +368,15 @@ func (m *sendMark) conn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn,
 		defer context.AfterFunc(m.wait, func() { cancel(context.Cause(m.wait)) })()
 	}
 	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		if m.wait != nil && m.wait.Err() != nil {
-			return nil, notSentError{context.Cause(m.wait)}
+	if m.wait != nil && m.wait.Err() != nil {
+		// The caller gave up first; the cancellation above runs on a goroutine of its
+		// own, and a connection freed before it ran was handed out all the same.
+		if err == nil {
+			conn.Release()
 		}
+		return nil, notSentError{context.Cause(m.wait)}
+	}
+	if err != nil {
 		return nil, err
 	}
 	m.sent = m.now()
