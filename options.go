@@ -165,8 +165,8 @@ func WithClock(clock Clock) ClientOption {
 // 200 characters of valid UTF-8 without NUL bytes. It is a ClientOption.
 func WithInstanceName(name string) ClientOption {
 	return clientOpt{name: "WithInstanceName", apply: func(s *settings) error {
-		if name == "" || utf8.RuneCountInString(name) > 200 || !validText(name) {
-			return fmt.Errorf("%q: want 1 to 200 characters of valid UTF-8 without NUL", name)
+		if name == "" || utf8.RuneCountInString(name) > maxInstanceLength || !validText(name) {
+			return fmt.Errorf("%q: want 1 to %d characters of valid UTF-8 without NUL", name, maxInstanceLength)
 		}
 		s.instance = name
 		return nil
@@ -290,6 +290,13 @@ func AtMost(n int) JobOption {
 	}}
 }
 
+// maxOwnerLength is the longest owner the stores take (the SQL functions' bound): an
+// instance name of up to maxInstanceLength characters, a slash and a random suffix fit.
+const maxOwnerLength = 255
+
+// maxInstanceLength is the longest instance name (WithInstanceName).
+const maxInstanceLength = 200
+
 func defaultInstanceName() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
@@ -362,8 +369,8 @@ func checkCall(key, owner string, ttl time.Duration) error {
 	if err := checkStoreKey(key); err != nil {
 		return err
 	}
-	if owner == "" || !validText(owner) {
-		return invalidArg("owner %q: want non-empty valid UTF-8 without NUL", owner)
+	if owner == "" || utf8.RuneCountInString(owner) > maxOwnerLength || !validText(owner) {
+		return invalidArg("owner %q: want 1 to %d characters of valid UTF-8 without NUL", owner, maxOwnerLength)
 	}
 	return checkTTL("ttl", ttl)
 }

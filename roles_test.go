@@ -352,35 +352,59 @@ var internalHelpers = []string{
 	"pglock.sem_lock(text,integer)",
 	"pglock.sem_take(text,text,bigint,integer)",
 	"pglock.sem_waiting(text,bigint)",
+	"pglock.release_lock(text,text)",
+	"pglock.release_permits(text,text[],text[])",
+	"pglock.refuse(text,text,text,text)",
+}
+
+// inlinedHelpers are the helpers the planner inlines into their callers' expressions
+// (000027): LANGUAGE sql, run as their caller, with no SET clause (one would stop the
+// inlining) and every name in them schema-qualified instead.
+var inlinedHelpers = []string{
+	"pglock.lock_key_ok(text)",
+	"pglock.owner_ok(text)",
+	"pglock.row_key_ok(text)",
+	"pglock.sem_key_ok(text)",
+	"pglock.timeline()",
+	"pglock.ttl_ok(bigint)",
 }
 
 // TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned: every function of the schema,
 // whichever migration added it, follows 000006: SECURITY DEFINER, search_path pinned to
 // pg_catalog then pg_temp, no EXECUTE for PUBLIC; but the internal helpers, which run as
-// their caller (SECURITY INVOKER), so as the owner when pglock's functions call them.
+// their caller (SECURITY INVOKER), so as the owner when pglock's functions call them,
+// and the inlined helpers, which have no SET clause and are LANGUAGE sql.
 func TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned(t *testing.T) {
 	t.Parallel()
 	admin := pglocktest.Pool(t, pglocktest.PostgresURL(t), 2)
 	rows, err := admin.Query(t.Context(), `SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proconfig, '{}'),
-			has_function_privilege('public', p.oid, 'EXECUTE')
-		FROM pg_proc p WHERE p.pronamespace = 'pglock'::regnamespace ORDER BY 1`)
+			has_function_privilege('public', p.oid, 'EXECUTE'), l.lanname
+		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+		WHERE p.pronamespace = 'pglock'::regnamespace ORDER BY 1`)
 	require.NoError(t, err)
 	defer rows.Close()
 	n := 0
 	for rows.Next() {
-		var name string
+		var name, language string
 		var definer, public bool
 		var config []string
-		require.NoError(t, rows.Scan(&name, &definer, &config, &public))
-		require.Equal(t, !slices.Contains(internalHelpers, strings.ReplaceAll(name, ", ", ",")), definer, "%s: SECURITY DEFINER", name)
+		require.NoError(t, rows.Scan(&name, &definer, &config, &public, &language))
+		signature := strings.ReplaceAll(name, ", ", ",")
+		require.False(t, public, "PUBLIC may execute %s", name)
+		n++
+		if slices.Contains(inlinedHelpers, signature) {
+			require.False(t, definer, "%s: SECURITY DEFINER", name)
+			require.Empty(t, config, "%s: a SET clause stops its inlining", name)
+			require.Equal(t, "sql", language, name)
+			continue
+		}
+		require.Equal(t, !slices.Contains(internalHelpers, signature), definer, "%s: SECURITY DEFINER", name)
 		want := []string{"search_path=pg_catalog, pg_temp"}
 		if strings.HasPrefix(name, "pglock.lock_renew_many(") || strings.HasPrefix(name, "pglock.sem_want(") {
 			// their lock order is their plan's (000011, 000013)
 			want = append(want, "enable_hashjoin=off", "enable_mergejoin=off")
 		}
 		require.Equal(t, want, config, name)
-		require.False(t, public, "PUBLIC may execute %s", name)
-		n++
 	}
 	require.NoError(t, rows.Err())
 	require.GreaterOrEqual(t, n, 16, "the schema's functions")
@@ -406,6 +430,8 @@ func TestAnApplicationRoleCannotCallTheInternalHelpers(t *testing.T) {
 		"SELECT pglock.sem_lock('s', 2)",
 		"SELECT pglock.sem_live('s')",
 		"SELECT pglock.sem_waiting('s', 1)",
+		"SELECT pglock.release_lock('k', 'o')",
+		"SELECT * FROM pglock.release_permits('s', ARRAY[NULL::text], ARRAY['o'])",
 	} {
 		_, err := app.Exec(ctx, q)
 		var pgErr *pgconn.PgError

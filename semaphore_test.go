@@ -438,8 +438,12 @@ func TestJobAtMost(t *testing.T) {
 				return errors.New("no permit in the run's ctx")
 			}
 			running <- l
-			<-release
-			return nil
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
 		}, pglock.AtMost(2))
 		require.NoError(t, err)
 		jobs, clients = append(jobs, j), append(clients, c)
@@ -449,7 +453,10 @@ func TestJobAtMost(t *testing.T) {
 		wg.Go(func() { require.NoError(t, j.Run(ctx)) })
 	}
 	permits := []*pglock.Lock{receive(t, running, "a run"), receive(t, running, "a second run")}
-	require.NoError(t, jobs[2].Run(ctx), "a skipped tick")
+	third, cancel := context.WithTimeout(ctx, 10*time.Second) // a third run that starts ends with it
+	defer cancel()
+	require.NoError(t, jobs[2].Run(third), "a skipped tick")
+	require.Empty(t, running, "a third run")
 	requireEvents(t, events, 1, pglock.EventJobSkipped, job, pglock.ReasonLimitReached)
 	require.ElementsMatch(t, []int{1, 2}, []int{permits[0].Permit(), permits[1].Permit()})
 	close(release)

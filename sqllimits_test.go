@@ -89,17 +89,100 @@ func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
 			call{f + " of a key too long", q, []any{long}},
 		)
 	}
+	// Since 000027: no lock call takes a permit's row key, owners and instance names are
+	// bounded, and every function checks every argument.
+	permitKey, longOwner := "s\x1f1", strings.Repeat("o", 256)
+	for _, f := range []string{"lock_acquire", "lock_acquire_or_want"} {
+		q := "SELECT pglock." + f + "($1, $2, $3)"
+		calls = append(calls,
+			call{f + " of a permit's row key", q, []any{permitKey, "o", 1000}},
+			call{f + " of a key with U+001F", q, []any{"a\x1fb", "o", 1000}},
+			call{f + " with an owner too long", q, []any{"k", longOwner, 1000}},
+		)
+	}
+	queue := "SELECT * FROM pglock.queue_acquire($1, $2, $3, $4)"
+	calls = append(calls,
+		call{"queue_acquire of a lock with a permit's row key", queue, []any{permitKey, "o", 1000, 0}},
+		call{"queue_acquire of a lock with a semaphore's queue key", queue, []any{"s\x1f", "o", 1000, 0}},
+		call{"queue_acquire with an owner too long", queue, []any{"k", strings.Repeat("x", 9000), 1000, 0}},
+		call{"queue_acquire of a semaphore with an owner too long", queue, []any{"s", longOwner, 1000, 2}},
+		call{"queue_acquire with permits over 1000", queue, []any{"s", "o", 1000, 1001}},
+		call{"queue_poll of a key with U+001F", "SELECT * FROM pglock.queue_poll($1, 1)", []any{"s\x1f"}},
+		call{"queue_poll of ticket 0", "SELECT * FROM pglock.queue_poll($1, 0)", []any{"k"}},
+		call{"queue_leave of a key with U+001F", "SELECT pglock.queue_leave($1, 1)", []any{"s\x1f"}},
+		call{"lock_want of a permit's row key", "SELECT pglock.lock_want($1)", []any{permitKey}},
+		call{"lock_held of a permit's row key", "SELECT pglock.lock_held($1, 1)", []any{permitKey}},
+		call{"lock_holder of an empty key", "SELECT * FROM pglock.lock_holder($1)", []any{""}},
+		call{"lock_holder of a permit's row key", "SELECT * FROM pglock.lock_holder($1)", []any{permitKey}},
+		call{"sem_acquire with an owner too long", "SELECT * FROM pglock.sem_acquire('s', $1, 1000, 2)", []any{longOwner}},
+		call{"sem_release with an owner too long", "SELECT pglock.sem_release('s', $1)", []any{longOwner}},
+	)
+	for _, key := range []string{"s\x1f0", "s\x1f01", "s\x1f1001", "s\x1f1\x1f2", "\x1f1", "s\x1f", "s\x1fx"} {
+		for f, q := range map[string]string{
+			"lock_renew":         "SELECT pglock.lock_renew($1, 'o', 1000)",
+			"lock_release":       "SELECT pglock.lock_release($1, 'o')",
+			"lock_release_async": "SELECT pglock.lock_release_async($1, 'o')",
+			"lock_force_release": "SELECT * FROM pglock.lock_force_release($1)",
+			"lock_renew_many":    "SELECT * FROM pglock.lock_renew_many(ARRAY[$1], ARRAY['o'], 1000)",
+		} {
+			calls = append(calls, call{fmt.Sprintf("%s of %q, no permit's row key", f, key), q, []any{key}})
+		}
+	}
+	for f, q := range map[string]string{
+		"lock_renew":        "SELECT pglock.lock_renew('k', $1, 1000)",
+		"lock_release":      "SELECT pglock.lock_release('k', $1)",
+		"lock_renew_many":   "SELECT * FROM pglock.lock_renew_many(ARRAY['k'], ARRAY[$1], 1000)",
+		"lock_release_many": "SELECT * FROM pglock.lock_release_many(ARRAY['k'], ARRAY[$1], true)",
+		"job_run_record":    "SELECT pglock.job_run_record('j', 'i', $1, 1, 0, 0, 'ok', NULL, 60000)",
+	} {
+		calls = append(calls, call{f + " with an owner too long", q, []any{longOwner}})
+	}
+	calls = append(calls,
+		call{"lock_release_many of a semaphore's key with U+001F", releaseMany, []any{[]string{"a\x1fb\x1f"}, []string{"o"}}},
+		call{"job_run_record with an instance too long", "SELECT pglock.job_run_record('j', $1, 'o', 1, 0, 0, 'ok', NULL, 60000)", []any{strings.Repeat("i", 201)}},
+		call{"job_run_record with a null instance", "SELECT pglock.job_run_record('j', NULL, 'o', 1, 0, 0, 'ok', NULL, 60000)", nil},
+		call{"job_run_record with token 0", "SELECT pglock.job_run_record('j', 'i', 'o', 0, 0, 0, 'ok', NULL, 60000)", nil},
+		call{"job_run_record with an outcome of none", "SELECT pglock.job_run_record('j', 'i', 'o', 1, 0, 0, 'none', NULL, 60000)", nil},
+		call{"job_run_record ended millennia ago", "SELECT pglock.job_run_record('j', 'i', 'o', 1, 9e17::bigint, 0, 'ok', NULL, 60000)", nil},
+		call{"job_run_record of a job with U+001F", "SELECT pglock.job_run_record($1, 'i', 'o', 1, 0, 0, 'ok', NULL, 60000)", []any{"j\x1f1"}},
+	)
+	skips := "SELECT pglock.job_skips_record($1, $2::json, 60000)"
+	for name, args := range map[string][]any{
+		"an instance too long":             {strings.Repeat("i", 201), "[]"},
+		"an empty instance":                {"", "[]"},
+		"skips not an array":               {"i", `{"job": "j"}`},
+		"a job too long":                   {"i", `[{"job": "` + strings.Repeat("j", 501) + `", "reason": "other-instance", "count": 1, "ago_us": 0}]`},
+		"a job with U+001F":                {"i", `[{"job": "j\u001f1", "reason": "other-instance", "count": 1, "ago_us": 0}]`},
+		"no job":                           {"i", `[{"reason": "other-instance", "count": 1, "ago_us": 0}]`},
+		"a reason that is not a word":      {"i", `[{"job": "j", "reason": "Other Instance!", "count": 1, "ago_us": 0}]`},
+		"a count of 0":                     {"i", `[{"job": "j", "reason": "other-instance", "count": 0, "ago_us": 0}]`},
+		"a negative count":                 {"i", `[{"job": "j", "reason": "other-instance", "count": -1, "ago_us": 0}]`},
+		"a count that is not a number":     {"i", `[{"job": "j", "reason": "other-instance", "count": "1", "ago_us": 0}]`},
+		"an age past a timestamp's range":  {"i", `[{"job": "j", "reason": "other-instance", "count": 1, "ago_us": 900000000000000000}]`},
+		"a negative age":                   {"i", `[{"job": "j", "reason": "other-instance", "count": 1, "ago_us": -1}]`},
+		"an element that is not an object": {"i", `[1]`},
+	} {
+		calls = append(calls, call{"job_skips_record with " + name, skips, args})
+	}
+	registry := "SELECT pglock.registry_touch('job', $1::text[], $2, true)"
+	calls = append(calls,
+		call{"registry_touch with an instance too long", registry, []any{[]string{"j"}, strings.Repeat("i", 201)}},
+		call{"registry_touch of a key with U+001F", registry, []any{[]string{"j\x1f1"}, "i"}},
+		call{"registry_touch of a null key", registry, []any{[]*string{nil}, "i"}},
+	)
 	for _, c := range calls {
 		_, err := app.Exec(ctx, c.sql, c.args...)
 		var pgErr *pgconn.PgError
 		require.True(t, errors.As(err, &pgErr), "%s: want invalid_parameter_value, got %v", c.name, err)
 		require.Equal(t, "22023", pgErr.Code, "%s: %s", c.name, pgErr.Message)
 	}
-	var rows, runs int
-	require.NoError(t, admin.QueryRow(ctx, "SELECT (SELECT count(*) FROM pglock.locks), (SELECT count(*) FROM pglock.job_runs)").
-		Scan(&rows, &runs))
+	var rows, runs, others int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM pglock.locks), (SELECT count(*) FROM pglock.job_runs),
+		(SELECT count(*) FROM pglock.job_skips) + (SELECT count(*) FROM pglock.registry) + (SELECT count(*) FROM pglock.waiters)
+		+ (SELECT count(*) FROM pglock.semaphores)`).Scan(&rows, &runs, &others))
 	require.Zero(t, rows, "a refused call wrote a lock")
 	require.Zero(t, runs, "a refused call wrote a run")
+	require.Zero(t, others, "a refused call wrote a skip, a registration, a waiter or a semaphore")
 }
 
 // TestSQLFunctionsTakeWhatTheGoAPITakes: the limits themselves are allowed: a key of

@@ -198,6 +198,19 @@ func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, tt
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// What owner holds already, a claim whose reply was lost: renewed and given again.
+	row := t.key
+	if t.permits > 0 {
+		row = "" // no lock has this key
+		if rows := s.livePermits(t.key, owner); len(rows) > 0 {
+			row = slices.Min(rows)
+		}
+	}
+	if l := s.live(row, owner); l != nil {
+		l.expires = s.clock.Now().Add(ttl)
+		_, permit := splitPermitKey(row)
+		return permit, l.token, 0, 0, nil
+	}
 	qkey := t.key
 	if t.permits > 0 {
 		qkey = semQueue(t.key)
@@ -338,11 +351,12 @@ func (s *memoryStore) releaseMany(_ context.Context, keys, owners []string) ([]i
 // reports whether it did; s.mu is held.
 func (s *memoryStore) release(key, owner string) bool {
 	if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
-		// A permit of unknown number (sem_release): no handover.
+		// A permit of unknown number (sem_release), handed over as any permit's release.
 		rows := s.livePermits(sem, owner)
 		for _, row := range rows {
 			l := s.locks[row]
 			l.owner, l.expires = "", s.clock.Now()
+			s.handOver(row)
 		}
 		return len(rows) > 0
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +27,8 @@ type Proxy struct {
 	gate    chan struct{} // closed while traffic flows
 	trip    *trip         // BlackholeAfter's, until its chunk comes
 	delay   [2]time.Duration
-	conns   map[net.Conn]struct{}
+	conns   map[net.Conn]bool // true: a client's side
+	sent    []*trip           // Sent's, until their chunks come
 	wg      sync.WaitGroup
 	accepts int
 }
@@ -48,7 +50,7 @@ func New(dial func(ctx context.Context) (net.Conn, error)) (*Proxy, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxy{ln: ln, upstream: dial, ctx: ctx, cancel: cancel, gate: make(chan struct{}), conns: make(map[net.Conn]struct{})}
+	p := &Proxy{ln: ln, upstream: dial, ctx: ctx, cancel: cancel, gate: make(chan struct{}), conns: make(map[net.Conn]bool)}
 	close(p.gate)
 	p.wg.Go(p.accept)
 	return p, nil
@@ -117,6 +119,42 @@ func (p *Proxy) BlackholeAfter(match func(chunk []byte) bool) <-chan struct{} {
 	return p.trip.tripped
 }
 
+// Sent returns a channel closed once a chunk to the server for which match reports
+// true has been read from a client: it may still be held by a delay or a black hole.
+func (p *Proxy) Sent(match func(chunk []byte) bool) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t := &trip{match: match, tripped: make(chan struct{})}
+	p.sent = append(p.sent, t)
+	return t.tripped
+}
+
+// Drop closes the clients' side of every connection open now, as a link that breaks on
+// the client's side: what was read from a client still reaches the server (after any
+// delay), and what the server answers is lost. New connections go through as before.
+func (p *Proxy) Drop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c, client := range p.conns {
+		if client {
+			_ = c.Close()
+		}
+	}
+}
+
+// read notes a chunk read from a client for Sent.
+func (p *Proxy) read(chunk []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent = slices.DeleteFunc(p.sent, func(t *trip) bool {
+		if t.match(chunk) {
+			close(t.tripped)
+			return true
+		}
+		return false
+	})
+}
+
 // tripOn black-holes the link when chunk, passed on to the server next, is the one that
 // BlackholeAfter waits for; the caller closes the returned channel once the chunk is
 // written (nil: not that chunk).
@@ -172,7 +210,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return // closed
 		}
-		if !p.track(c) {
+		if !p.track(c, true) {
 			return
 		}
 		p.mu.Lock()
@@ -182,15 +220,16 @@ func (p *Proxy) accept() {
 	}
 }
 
-// track registers c so that Close can end it; false once the proxy is closed.
-func (p *Proxy) track(c net.Conn) bool {
+// track registers c, a client's side or the server's, so that Close (and Drop, a
+// client's) can end it; false once the proxy is closed.
+func (p *Proxy) track(c net.Conn, client bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ctx.Err() != nil {
 		_ = c.Close()
 		return false
 	}
-	p.conns[c] = struct{}{}
+	p.conns[c] = client
 	return true
 }
 
@@ -209,7 +248,7 @@ func (p *Proxy) serve(client net.Conn) {
 	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
 	server, err := p.upstream(ctx)
 	cancel()
-	if err != nil || !p.track(server) {
+	if err != nil || !p.track(server, false) {
 		return
 	}
 	defer p.untrack(server)
@@ -228,6 +267,9 @@ func (p *Proxy) pipe(dst, src net.Conn, dir Direction) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			if dir == ToServer {
+				p.read(buf[:n])
+			}
 			if !p.pass(dir) {
 				return
 			}
