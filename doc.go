@@ -11,8 +11,8 @@
 //
 // # Set-up
 //
-// Migrate creates the schema pglock (a table, a sequence and a few SQL functions; the
-// same as one script in sql/pglock.sql). New returns a Client on a pgx pool. Every
+// Migrate creates the schema pglock (a few tables, sequences and SQL functions; SQL
+// returns the same as one script). New returns a Client on a pgx pool. Every
 // atomic decision (who holds a key, when it expires) is one statement in PostgreSQL,
 // on the database's clock, so the instances' clocks never decide who holds a lock.
 //

@@ -411,13 +411,13 @@ func TestHandBackRetriesAGrantThatCommitsAfterTheError(t *testing.T) {
 // TestTokensStayAboveTheTimelineFloor: on a server whose timeline is 3 (it was
 // promoted twice), every token drawn is above the floor of its timeline, 2 << 40, so
 // that it is above every token the timelines before it gave: a lock's, a permit's, a
-// fair waiter's take. The timeline is stood in by replacing pglock.timeline in this
+// fair waiter's take. The timeline is stood in by replacing pglock.fencing_timeline in this
 // test's database; a promoted server is what .ci/failover tests.
 func TestTokensStayAboveTheTimelineFloor(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := pglocktest.Postgres(t)
-	_, err := pool.Exec(ctx, "CREATE OR REPLACE FUNCTION pglock.timeline() RETURNS bigint LANGUAGE sql VOLATILE AS 'SELECT 3::bigint'")
+	_, err := pool.Exec(ctx, "CREATE OR REPLACE FUNCTION pglock.fencing_timeline() RETURNS bigint LANGUAGE sql VOLATILE AS 'SELECT 3::bigint'")
 	require.NoError(t, err)
 	const floor = int64(2) << 40
 	c := newPoolClient(t, pool)

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"sync"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/pgfence/pglock/internal/schema"
 )
 
 //go:generate go run ./internal/gensql
@@ -21,7 +24,7 @@ var migrationFiles embed.FS
 
 // Migrations returns the schema pglock needs, as golang-migrate migrations
 // (NNNNNN_name.up.sql / .down.sql), for a migration tool of your own. Migrate applies
-// them; sql/pglock.sql is the same schema as one idempotent script.
+// them; SQL returns the schema they build as one script.
 func Migrations() fs.FS {
 	sub, err := fs.Sub(migrationFiles, "migrations")
 	if err != nil {
@@ -30,13 +33,27 @@ func Migrations() fs.FS {
 	return sub
 }
 
-//go:embed sql/pglock.sql
-var sqlScript string
+//go:embed sql/*.sql
+var sqlFiles embed.FS
 
-// SQL returns sql/pglock.sql: the schema pglock needs as one idempotent script, the up
-// migrations of Migrations in order, for tools that apply SQL files (psql -f, a DBA's
-// review). Migrate applies the same schema with golang-migrate.
-func SQL() string { return sqlScript }
+var sqlScript = sync.OnceValue(func() string {
+	dir, err := fs.Sub(sqlFiles, "sql")
+	if err == nil {
+		var script string
+		if script, err = schema.Script(dir); err == nil {
+			return script
+		}
+	}
+	panic(err) // go generate writes every file Script reads
+})
+
+// SQL returns the schema that Migrations builds, as one script that creates it in one
+// transaction on a database without schema pglock (psql -f, a DBA's review), each
+// function defined once; it records the latest migration in pglock.schema_migrations,
+// so a later Migrate has nothing to do. On a database with schema pglock, of any
+// version, it raises an error (SQLSTATE 42P06) and changes nothing: upgrade with
+// Migrate or Migrations.
+func SQL() string { return sqlScript() }
 
 // migrationsTable keeps golang-migrate's bookkeeping in pglock's own schema, so it never
 // collides with the application's golang-migrate table.

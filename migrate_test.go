@@ -3,7 +3,6 @@ package pglock_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"testing"
 
@@ -85,33 +84,4 @@ func TestMigrateTakesTheLibpqDefaultsAndKeyValueStrings(t *testing.T) {
 	dropSchema()
 	require.NoError(t, pglock.Migrate(t.Context(), fmt.Sprintf("host=%s port=%d dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.Database)))
 	require.True(t, migrated())
-}
-
-func TestSQLScriptIsFresh(t *testing.T) {
-	t.Parallel()
-	want, err := schema.Script(pglock.Migrations())
-	require.NoError(t, err)
-	got, err := os.ReadFile("sql/pglock.sql")
-	require.NoError(t, err)
-	require.Equal(t, string(want), string(got), "sql/pglock.sql is stale: run go generate")
-}
-
-func TestSQLScriptRunsTwice(t *testing.T) {
-	t.Parallel()
-	url := pglocktest.PostgresURL(t)
-	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	_, err = conn.Exec(ctx, "DROP SCHEMA pglock CASCADE")
-	require.NoError(t, err)
-	script, err := os.ReadFile("sql/pglock.sql")
-	require.NoError(t, err)
-	for range 2 {
-		_, err = conn.Exec(ctx, string(script))
-		require.NoError(t, err)
-	}
-	var token int64
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'o', 1000)").Scan(&token))
-	require.Positive(t, token)
 }

@@ -352,9 +352,9 @@ var internalHelpers = []string{
 	"pglock.sem_lock(text,integer)",
 	"pglock.sem_take(text,text,bigint,integer)",
 	"pglock.sem_waiting(text,bigint)",
-	"pglock.release_lock(text,text)",
-	"pglock.release_permits(text,text[],text[])",
-	"pglock.refuse(text,text,text,text)",
+	"pglock.lock_release_key(text,text)",
+	"pglock.sem_release_permits(text,text[],text[])",
+	"pglock.lock_refuse(text,text,text,text)",
 }
 
 // inlinedHelpers are the helpers the planner inlines into their callers' expressions
@@ -362,11 +362,11 @@ var internalHelpers = []string{
 // inlining) and every name in them schema-qualified instead.
 var inlinedHelpers = []string{
 	"pglock.lock_key_ok(text)",
-	"pglock.owner_ok(text)",
-	"pglock.row_key_ok(text)",
+	"pglock.lock_owner_ok(text)",
+	"pglock.lock_row_key_ok(text)",
 	"pglock.sem_key_ok(text)",
-	"pglock.timeline()",
-	"pglock.ttl_ok(bigint)",
+	"pglock.fencing_timeline()",
+	"pglock.lock_ttl_ok(bigint)",
 }
 
 // TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned: every function of the schema,
@@ -430,8 +430,8 @@ func TestAnApplicationRoleCannotCallTheInternalHelpers(t *testing.T) {
 		"SELECT pglock.sem_lock('s', 2)",
 		"SELECT pglock.sem_live('s')",
 		"SELECT pglock.sem_waiting('s', 1)",
-		"SELECT pglock.release_lock('k', 'o')",
-		"SELECT * FROM pglock.release_permits('s', ARRAY[NULL::text], ARRAY['o'])",
+		"SELECT pglock.lock_release_key('k', 'o')",
+		"SELECT * FROM pglock.sem_release_permits('s', ARRAY[NULL::text], ARRAY['o'])",
 	} {
 		_, err := app.Exec(ctx, q)
 		var pgErr *pgconn.PgError

@@ -711,7 +711,7 @@ func storeError(err error, format string, args ...any) error {
 		switch pgErr.SQLState() {
 		case "3F000", // invalid_schema_name: no pglock schema
 			"42883": // undefined_function: a schema older than this library
-			return fmt.Errorf("pglock: %s: the pglock schema is missing or out of date: run pglock.Migrate (or apply sql/pglock.sql): %w", op, err)
+			return fmt.Errorf("pglock: %s: the pglock schema is missing or out of date: run pglock.Migrate: %w", op, err)
 		case "42501": // insufficient_privilege: a role not granted what README.md lists
 			return fmt.Errorf("pglock: %s: this role may not call pglock's functions: as the role that migrated, GRANT USAGE ON SCHEMA pglock and EXECUTE ON ALL FUNCTIONS IN SCHEMA pglock to it (README.md, Privileges): %w", op, err)
 		}

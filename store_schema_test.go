@@ -62,7 +62,7 @@ func TestStoreWithoutSchema(t *testing.T) {
 				}
 				for _, call := range calls {
 					err := call.call(ctx)
-					want := "pglock: " + call.op + ": the pglock schema is missing or out of date: run pglock.Migrate (or apply sql/pglock.sql): ERROR: "
+					want := "pglock: " + call.op + ": the pglock schema is missing or out of date: run pglock.Migrate: ERROR: "
 					require.True(t, strings.HasPrefix(err.Error(), want), "%s: %v", name, err)
 					var pgErr *pgconn.PgError
 					require.ErrorAs(t, err, &pgErr, name)

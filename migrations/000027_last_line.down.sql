@@ -785,12 +785,12 @@ AS $function$
 $function$
 ;
 
-DROP FUNCTION IF EXISTS pglock.release_lock(text, text);
-DROP FUNCTION IF EXISTS pglock.release_permits(text, text[], text[]);
-DROP FUNCTION IF EXISTS pglock.timeline();
-DROP FUNCTION IF EXISTS pglock.refuse(text, text, text, text);
-DROP FUNCTION IF EXISTS pglock.ttl_ok(bigint);
-DROP FUNCTION IF EXISTS pglock.owner_ok(text);
-DROP FUNCTION IF EXISTS pglock.row_key_ok(text);
+DROP FUNCTION IF EXISTS pglock.lock_release_key(text, text);
+DROP FUNCTION IF EXISTS pglock.sem_release_permits(text, text[], text[]);
+DROP FUNCTION IF EXISTS pglock.fencing_timeline();
+DROP FUNCTION IF EXISTS pglock.lock_refuse(text, text, text, text);
+DROP FUNCTION IF EXISTS pglock.lock_ttl_ok(bigint);
+DROP FUNCTION IF EXISTS pglock.lock_owner_ok(text);
+DROP FUNCTION IF EXISTS pglock.lock_row_key_ok(text);
 DROP FUNCTION IF EXISTS pglock.sem_key_ok(text);
 DROP FUNCTION IF EXISTS pglock.lock_key_ok(text);

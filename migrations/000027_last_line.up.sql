@@ -64,9 +64,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT pg_catalog.length($1) BETWEEN 1 AND 495 AND pg_catalog.strpos($1, pg_catalog.chr(31)) = 0
 $$;
 
--- row_key_ok: a lock's key, or a permit's row key: a semaphore's key, U+001F and a
+-- lock_row_key_ok: a lock's key, or a permit's row key: a semaphore's key, U+001F and a
 -- number of 1 to 1000 written in digits without a leading zero.
-CREATE OR REPLACE FUNCTION pglock.row_key_ok(key text) RETURNS boolean
+CREATE OR REPLACE FUNCTION pglock.lock_row_key_ok(key text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN pg_catalog.strpos($1, pg_catalog.chr(31)) = 0 THEN pg_catalog.length($1) BETWEEN 1 AND 500
            WHEN pg_catalog.strpos($1, pg_catalog.chr(31)) BETWEEN 2 AND 496
@@ -75,22 +75,22 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
            ELSE false END
 $$;
 
--- owner_ok: an owner, 1 to 255 characters.
-CREATE OR REPLACE FUNCTION pglock.owner_ok(owner text) RETURNS boolean
+-- lock_owner_ok: an owner, 1 to 255 characters.
+CREATE OR REPLACE FUNCTION pglock.lock_owner_ok(owner text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT pg_catalog.length($1) BETWEEN 1 AND 255
 $$;
 
--- ttl_ok: a ttl of 1 ms to 365 days.
-CREATE OR REPLACE FUNCTION pglock.ttl_ok(ttl_ms bigint) RETURNS boolean
+-- lock_ttl_ok: a ttl of 1 ms to 365 days.
+CREATE OR REPLACE FUNCTION pglock.lock_ttl_ok(ttl_ms bigint) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT $1 BETWEEN 1 AND 31536000000
 $$;
 
--- refuse raises invalid_parameter_value (22023) for argument arg of pglock's function
+-- lock_refuse raises invalid_parameter_value (22023) for argument arg of pglock's function
 -- fn, saying what it wants; got describes the value (its length and its start for a
 -- text). Called only once a check has failed.
-CREATE OR REPLACE FUNCTION pglock.refuse(fn text, arg text, want text, got text) RETURNS void
+CREATE OR REPLACE FUNCTION pglock.lock_refuse(fn text, arg text, want text, got text) RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     RAISE EXCEPTION 'pglock.%: % %: want %', fn, arg,
@@ -102,15 +102,15 @@ BEGIN
         USING ERRCODE = 'invalid_parameter_value';
 END $$;
 
--- timeline is the server's timeline, the floor of the tokens fencing_token_next draws
+-- fencing_timeline is the server's timeline, the floor of the tokens fencing_token_next draws
 -- (000012). A function of its own so that a test can stand in another timeline for the
 -- functions under test.
-CREATE OR REPLACE FUNCTION pglock.timeline() RETURNS bigint
+CREATE OR REPLACE FUNCTION pglock.fencing_timeline() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
     SELECT ('x' OPERATOR(pg_catalog.||) pg_catalog.left(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 8))::bit(32)::bigint
 $$;
 
--- fencing_token_next as in 000014, the timeline read through timeline().
+-- fencing_token_next as in 000014, the timeline read through fencing_timeline().
 CREATE OR REPLACE FUNCTION pglock.fencing_token_next() RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -118,7 +118,7 @@ DECLARE
     floor bigint;
 BEGIN
     token := nextval('pglock.fencing_token_seq');
-    floor := (pglock.timeline() - 1) << 40;
+    floor := (pglock.fencing_timeline() - 1) << 40;
     IF token <= floor THEN
         PERFORM pg_advisory_xact_lock(2736408391470914537);
         token := nextval('pglock.fencing_token_seq');
@@ -134,11 +134,11 @@ CREATE OR REPLACE FUNCTION pglock.lock_acquire(key text, owner text, ttl_ms bigi
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT pglock.lock_key_ok(lock_acquire.key) THEN
-        PERFORM pglock.refuse('lock_acquire', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_acquire.key);
-    ELSIF NOT pglock.owner_ok(lock_acquire.owner) THEN
-        PERFORM pglock.refuse('lock_acquire', 'owner', '1 to 255 characters', lock_acquire.owner);
-    ELSIF NOT pglock.ttl_ok(lock_acquire.ttl_ms) THEN
-        PERFORM pglock.refuse('lock_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', lock_acquire.ttl_ms::text);
+        PERFORM pglock.lock_refuse('lock_acquire', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_acquire.key);
+    ELSIF NOT pglock.lock_owner_ok(lock_acquire.owner) THEN
+        PERFORM pglock.lock_refuse('lock_acquire', 'owner', '1 to 255 characters', lock_acquire.owner);
+    ELSIF NOT pglock.lock_ttl_ok(lock_acquire.ttl_ms) THEN
+        PERFORM pglock.lock_refuse('lock_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', lock_acquire.ttl_ms::text);
     END IF;
     IF EXISTS (SELECT FROM pglock.waiters w
                WHERE w.key = lock_acquire.key AND w.granted IS NULL
@@ -156,7 +156,7 @@ DECLARE
     marked boolean;
 BEGIN
     IF NOT pglock.lock_key_ok(lock_want.key) THEN
-        PERFORM pglock.refuse('lock_want', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_want.key);
+        PERFORM pglock.lock_refuse('lock_want', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_want.key);
     END IF;
     FOR pass IN 1..2 LOOP
         UPDATE pglock.locks l
@@ -184,12 +184,12 @@ END $$;
 CREATE OR REPLACE FUNCTION pglock.lock_renew(key text, owner text, ttl_ms bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NOT pglock.row_key_ok(lock_renew.key) THEN
-        PERFORM pglock.refuse('lock_renew', 'key', 'a lock''s key or a permit''s row key', lock_renew.key);
-    ELSIF NOT pglock.owner_ok(lock_renew.owner) THEN
-        PERFORM pglock.refuse('lock_renew', 'owner', '1 to 255 characters', lock_renew.owner);
-    ELSIF NOT pglock.ttl_ok(lock_renew.ttl_ms) THEN
-        PERFORM pglock.refuse('lock_renew', 'ttl_ms', '1 to 31536000000 (365 days)', lock_renew.ttl_ms::text);
+    IF NOT pglock.lock_row_key_ok(lock_renew.key) THEN
+        PERFORM pglock.lock_refuse('lock_renew', 'key', 'a lock''s key or a permit''s row key', lock_renew.key);
+    ELSIF NOT pglock.lock_owner_ok(lock_renew.owner) THEN
+        PERFORM pglock.lock_refuse('lock_renew', 'owner', '1 to 255 characters', lock_renew.owner);
+    ELSIF NOT pglock.lock_ttl_ok(lock_renew.ttl_ms) THEN
+        PERFORM pglock.lock_refuse('lock_renew', 'ttl_ms', '1 to 31536000000 (365 days)', lock_renew.ttl_ms::text);
     END IF;
     UPDATE pglock.locks l
     SET expires_at = clock_timestamp() + lock_renew.ttl_ms * interval '1 millisecond'
@@ -213,20 +213,20 @@ DECLARE
     bad text;
 BEGIN
     IF cardinality(lock_renew_many.keys) <> cardinality(lock_renew_many.owners) THEN
-        PERFORM pglock.refuse('lock_renew_many', 'owners',
+        PERFORM pglock.lock_refuse('lock_renew_many', 'owners',
             format('as many as keys (%s)', cardinality(lock_renew_many.keys)), cardinality(lock_renew_many.owners)::text);
-    ELSIF NOT pglock.ttl_ok(lock_renew_many.ttl_ms) THEN
-        PERFORM pglock.refuse('lock_renew_many', 'ttl_ms', '1 to 31536000000 (365 days)', lock_renew_many.ttl_ms::text);
+    ELSIF NOT pglock.lock_ttl_ok(lock_renew_many.ttl_ms) THEN
+        PERFORM pglock.lock_refuse('lock_renew_many', 'ttl_ms', '1 to 31536000000 (365 days)', lock_renew_many.ttl_ms::text);
     END IF;
     SELECT u.key INTO bad FROM unnest(lock_renew_many.keys) AS u(key)
-    WHERE NOT coalesce(pglock.row_key_ok(u.key), false) LIMIT 1;
+    WHERE NOT coalesce(pglock.lock_row_key_ok(u.key), false) LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('lock_renew_many', 'keys', 'locks'' keys or permits'' row keys', bad);
+        PERFORM pglock.lock_refuse('lock_renew_many', 'keys', 'locks'' keys or permits'' row keys', bad);
     END IF;
     SELECT u.owner INTO bad FROM unnest(lock_renew_many.owners) AS u(owner)
-    WHERE NOT coalesce(pglock.owner_ok(u.owner), false) LIMIT 1;
+    WHERE NOT coalesce(pglock.lock_owner_ok(u.owner), false) LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('lock_renew_many', 'owners', 'owners of 1 to 255 characters', bad);
+        PERFORM pglock.lock_refuse('lock_renew_many', 'owners', 'owners of 1 to 255 characters', bad);
     END IF;
     RETURN QUERY
     UPDATE pglock.locks l
@@ -240,13 +240,13 @@ BEGIN
     END IF;
 END $$;
 
--- release_permits releases the permits of semaphore sem that row_keys[i] names, each
+-- sem_release_permits releases the permits of semaphore sem that row_keys[i] names, each
 -- if owners[i] holds it live (when row_keys[i] is null: every permit of sem that
 -- owners[i] holds live), and hands each released permit to the head of the semaphore's
 -- queue. It returns the indexes i it released a permit for. In the lock order: the
 -- semaphore's row, when its queue has waiters; the permits' rows, by row key; then
 -- the waiters' rows, in the grants. Callers checked the arguments.
-CREATE OR REPLACE FUNCTION pglock.release_permits(sem text, row_keys text[], owners text[], OUT i integer)
+CREATE OR REPLACE FUNCTION pglock.sem_release_permits(sem text, row_keys text[], owners text[], OUT i integer)
 RETURNS SETOF integer
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -255,15 +255,15 @@ DECLARE
     released text[] := '{}';
     hit integer[] := '{}';
 BEGIN
-    queued := EXISTS (SELECT FROM pglock.waiters w WHERE w.key = release_permits.sem || chr(31));
+    queued := EXISTS (SELECT FROM pglock.waiters w WHERE w.key = sem_release_permits.sem || chr(31));
     IF queued THEN
-        PERFORM FROM pglock.semaphores s WHERE s.key = release_permits.sem FOR UPDATE;
+        PERFORM FROM pglock.semaphores s WHERE s.key = sem_release_permits.sem FOR UPDATE;
     END IF;
     FOR r IN
         SELECT l.key, u.i FROM pglock.locks l
-        JOIN unnest(release_permits.row_keys, release_permits.owners) WITH ORDINALITY AS u(k, o, i)
-          ON l.owner = u.o AND (l.key = u.k OR u.k IS NULL AND l.semaphore = release_permits.sem)
-        WHERE l.semaphore = release_permits.sem AND l.expires_at > clock_timestamp()
+        JOIN unnest(sem_release_permits.row_keys, sem_release_permits.owners) WITH ORDINALITY AS u(k, o, i)
+          ON l.owner = u.o AND (l.key = u.k OR u.k IS NULL AND l.semaphore = sem_release_permits.sem)
+        WHERE l.semaphore = sem_release_permits.sem AND l.expires_at > clock_timestamp()
         ORDER BY l.key COLLATE "C"
         FOR NO KEY UPDATE OF l
     LOOP
@@ -282,7 +282,7 @@ BEGIN
     END LOOP;
     IF queued THEN
         FOR j IN 1..cardinality(released) LOOP
-            PERFORM pglock.sem_grant(release_permits.sem, released[j]);
+            PERFORM pglock.sem_grant(sem_release_permits.sem, released[j]);
         END LOOP;
     END IF;
     FOREACH i IN ARRAY hit LOOP
@@ -290,43 +290,43 @@ BEGIN
     END LOOP;
 END $$;
 
--- release_lock releases the lock key (a lock's key, not a permit's) held live by owner
+-- lock_release_key releases the lock key (a lock's key, not a permit's) held live by owner
 -- and hands it to the head of its queue: in the lock order, the key's queue lock, its
 -- row, then the waiters' rows. Callers checked the arguments.
-CREATE OR REPLACE FUNCTION pglock.release_lock(key text, owner text) RETURNS boolean
+CREATE OR REPLACE FUNCTION pglock.lock_release_key(key text, owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtextextended(release_lock.key, 1885826161));
+    PERFORM pg_advisory_xact_lock(hashtextextended(lock_release_key.key, 1885826161));
     UPDATE pglock.locks l
     SET owner = NULL,
         expires_at = clock_timestamp(),
         wanted_at = CASE WHEN l.wanted_at IS NOT NULL THEN
             (SELECT NULL::timestamptz FROM pg_notify('pglock_released', l.key)) END
-    WHERE l.key = release_lock.key AND l.owner = release_lock.owner
+    WHERE l.key = lock_release_key.key AND l.owner = lock_release_key.owner
       AND l.expires_at > clock_timestamp();
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF EXISTS (SELECT FROM pglock.waiters w WHERE w.key = release_lock.key) THEN
-        PERFORM pglock.queue_grant(release_lock.key);
+    IF EXISTS (SELECT FROM pglock.waiters w WHERE w.key = lock_release_key.key) THEN
+        PERFORM pglock.queue_grant(lock_release_key.key);
     END IF;
     RETURN true;
 END $$;
 
 -- lock_release as in 000023: a lock's key or a permit's row key, each in the lock
--- order (release_lock, release_permits).
+-- order (lock_release_key, sem_release_permits).
 CREATE OR REPLACE FUNCTION pglock.lock_release(key text, owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-    IF NOT pglock.row_key_ok(lock_release.key) THEN
-        PERFORM pglock.refuse('lock_release', 'key', 'a lock''s key or a permit''s row key', lock_release.key);
-    ELSIF NOT pglock.owner_ok(lock_release.owner) THEN
-        PERFORM pglock.refuse('lock_release', 'owner', '1 to 255 characters', lock_release.owner);
+    IF NOT pglock.lock_row_key_ok(lock_release.key) THEN
+        PERFORM pglock.lock_refuse('lock_release', 'key', 'a lock''s key or a permit''s row key', lock_release.key);
+    ELSIF NOT pglock.lock_owner_ok(lock_release.owner) THEN
+        PERFORM pglock.lock_refuse('lock_release', 'owner', '1 to 255 characters', lock_release.owner);
     END IF;
     IF strpos(lock_release.key, chr(31)) = 0 THEN
-        RETURN pglock.release_lock(lock_release.key, lock_release.owner);
+        RETURN pglock.lock_release_key(lock_release.key, lock_release.owner);
     END IF;
-    RETURN EXISTS (SELECT FROM pglock.release_permits(split_part(lock_release.key, chr(31), 1),
+    RETURN EXISTS (SELECT FROM pglock.sem_release_permits(split_part(lock_release.key, chr(31), 1),
         ARRAY[lock_release.key], ARRAY[lock_release.owner]));
 END $$;
 
@@ -336,16 +336,16 @@ CREATE OR REPLACE FUNCTION pglock.sem_release(key text, owner text) RETURNS bool
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT pglock.sem_key_ok(sem_release.key) THEN
-        PERFORM pglock.refuse('sem_release', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_release.key);
-    ELSIF NOT pglock.owner_ok(sem_release.owner) THEN
-        PERFORM pglock.refuse('sem_release', 'owner', '1 to 255 characters', sem_release.owner);
+        PERFORM pglock.lock_refuse('sem_release', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_release.key);
+    ELSIF NOT pglock.lock_owner_ok(sem_release.owner) THEN
+        PERFORM pglock.lock_refuse('sem_release', 'owner', '1 to 255 characters', sem_release.owner);
     END IF;
-    RETURN EXISTS (SELECT FROM pglock.release_permits(sem_release.key, ARRAY[NULL::text], ARRAY[sem_release.owner]));
+    RETURN EXISTS (SELECT FROM pglock.sem_release_permits(sem_release.key, ARRAY[NULL::text], ARRAY[sem_release.owner]));
 END $$;
 
 -- lock_release_many as in 000018, family by family in the lock order: a lock's
--- releases one by one (release_lock); a semaphore's (its permits' row keys, and its key
--- followed by U+001F for a permit of unknown number) in one release_permits, which
+-- releases one by one (lock_release_key); a semaphore's (its permits' row keys, and its key
+-- followed by U+001F for a permit of unknown number) in one sem_release_permits, which
 -- locks the rows before it hands any over.
 CREATE OR REPLACE FUNCTION pglock.lock_release_many(keys text[], owners text[], async boolean) RETURNS SETOF integer
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -355,23 +355,23 @@ DECLARE
     i integer;
 BEGIN
     IF cardinality(lock_release_many.keys) <> cardinality(lock_release_many.owners) THEN
-        PERFORM pglock.refuse('lock_release_many', 'owners',
+        PERFORM pglock.lock_refuse('lock_release_many', 'owners',
             format('as many as keys (%s)', cardinality(lock_release_many.keys)), cardinality(lock_release_many.owners)::text);
     ELSIF cardinality(lock_release_many.keys) > 1000 THEN
-        PERFORM pglock.refuse('lock_release_many', 'keys', 'at most 1000',
+        PERFORM pglock.lock_refuse('lock_release_many', 'keys', 'at most 1000',
             cardinality(lock_release_many.keys)::text || ' keys');
     END IF;
     SELECT u.key INTO bad FROM unnest(lock_release_many.keys) AS u(key)
-    WHERE NOT coalesce(pglock.row_key_ok(u.key) OR right(u.key, 1) = chr(31) AND pglock.sem_key_ok(left(u.key, -1)), false)
+    WHERE NOT coalesce(pglock.lock_row_key_ok(u.key) OR right(u.key, 1) = chr(31) AND pglock.sem_key_ok(left(u.key, -1)), false)
     LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('lock_release_many', 'keys',
+        PERFORM pglock.lock_refuse('lock_release_many', 'keys',
             'locks'' keys, permits'' row keys or semaphores'' keys followed by U+001F', bad);
     END IF;
     SELECT u.owner INTO bad FROM unnest(lock_release_many.owners) AS u(owner)
-    WHERE NOT coalesce(pglock.owner_ok(u.owner), false) LIMIT 1;
+    WHERE NOT coalesce(pglock.lock_owner_ok(u.owner), false) LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('lock_release_many', 'owners', 'owners of 1 to 255 characters', bad);
+        PERFORM pglock.lock_refuse('lock_release_many', 'owners', 'owners of 1 to 255 characters', bad);
     END IF;
     IF lock_release_many.async THEN
         PERFORM set_config('synchronous_commit', 'off', true);
@@ -386,12 +386,12 @@ BEGIN
         ORDER BY split_part(u.k, chr(31), 1) COLLATE "C", strpos(u.k, chr(31)) > 0
     LOOP
         IF f.semaphore THEN
-            FOR i IN SELECT p.i FROM pglock.release_permits(f.family, f.keys, f.owners) p LOOP
+            FOR i IN SELECT p.i FROM pglock.sem_release_permits(f.family, f.keys, f.owners) p LOOP
                 RETURN NEXT f.positions[i];
             END LOOP;
         ELSE
             FOR i IN 1..cardinality(f.keys) LOOP
-                IF pglock.release_lock(f.keys[i], f.owners[i]) THEN
+                IF pglock.lock_release_key(f.keys[i], f.owners[i]) THEN
                     RETURN NEXT f.positions[i];
                 END IF;
             END LOOP;
@@ -409,8 +409,8 @@ DECLARE
     sem text;
     queued boolean;
 BEGIN
-    IF NOT pglock.row_key_ok(lock_force_release.key) THEN
-        PERFORM pglock.refuse('lock_force_release', 'key', 'a lock''s key or a permit''s row key', lock_force_release.key);
+    IF NOT pglock.lock_row_key_ok(lock_force_release.key) THEN
+        PERFORM pglock.lock_refuse('lock_force_release', 'key', 'a lock''s key or a permit''s row key', lock_force_release.key);
     END IF;
     IF strpos(lock_force_release.key, chr(31)) > 0 THEN
         sem := split_part(lock_force_release.key, chr(31), 1);
@@ -461,7 +461,7 @@ DECLARE
     row_key text;
 BEGIN
     IF NOT pglock.lock_key_ok(lock_held.key) THEN
-        PERFORM pglock.refuse('lock_held', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', lock_held.key);
+        PERFORM pglock.lock_refuse('lock_held', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', lock_held.key);
     END IF;
     SELECT l.key INTO row_key FROM pglock.locks l
     WHERE l.key = lock_held.key AND l.owner IS NOT NULL
@@ -493,7 +493,7 @@ CREATE OR REPLACE FUNCTION pglock.lock_holder(key text, OUT owner text, OUT fenc
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT pglock.lock_key_ok(lock_holder.key) THEN
-        PERFORM pglock.refuse('lock_holder', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_holder.key);
+        PERFORM pglock.lock_refuse('lock_holder', 'key', 'a lock''s key: 1 to 500 characters without U+001F', lock_holder.key);
     END IF;
     SELECT l.owner, l.fencing_token, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint
     INTO lock_holder.owner, lock_holder.fencing_token, lock_holder.expires_in_us
@@ -513,15 +513,15 @@ DECLARE
     held text;
 BEGIN
     IF queue_acquire.permits < 0 OR queue_acquire.permits > 1000 THEN
-        PERFORM pglock.refuse('queue_acquire', 'permits', '0 (a lock) to 1000', queue_acquire.permits::text);
+        PERFORM pglock.lock_refuse('queue_acquire', 'permits', '0 (a lock) to 1000', queue_acquire.permits::text);
     ELSIF queue_acquire.permits = 0 AND NOT pglock.lock_key_ok(queue_acquire.key) THEN
-        PERFORM pglock.refuse('queue_acquire', 'key', 'a lock''s key: 1 to 500 characters without U+001F', queue_acquire.key);
+        PERFORM pglock.lock_refuse('queue_acquire', 'key', 'a lock''s key: 1 to 500 characters without U+001F', queue_acquire.key);
     ELSIF queue_acquire.permits > 0 AND NOT pglock.sem_key_ok(queue_acquire.key) THEN
-        PERFORM pglock.refuse('queue_acquire', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', queue_acquire.key);
-    ELSIF NOT pglock.owner_ok(queue_acquire.owner) THEN
-        PERFORM pglock.refuse('queue_acquire', 'owner', '1 to 255 characters', queue_acquire.owner);
-    ELSIF NOT pglock.ttl_ok(queue_acquire.ttl_ms) THEN
-        PERFORM pglock.refuse('queue_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', queue_acquire.ttl_ms::text);
+        PERFORM pglock.lock_refuse('queue_acquire', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', queue_acquire.key);
+    ELSIF NOT pglock.lock_owner_ok(queue_acquire.owner) THEN
+        PERFORM pglock.lock_refuse('queue_acquire', 'owner', '1 to 255 characters', queue_acquire.owner);
+    ELSIF NOT pglock.lock_ttl_ok(queue_acquire.ttl_ms) THEN
+        PERFORM pglock.lock_refuse('queue_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', queue_acquire.ttl_ms::text);
     END IF;
     IF queue_acquire.permits > 0 THEN
         PERFORM pglock.sem_lock(queue_acquire.key, queue_acquire.permits);
@@ -613,9 +613,9 @@ DECLARE
     taking boolean := false; -- what a take needs is locked
 BEGIN
     IF NOT pglock.lock_key_ok(queue_poll.key) THEN
-        PERFORM pglock.refuse('queue_poll', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', queue_poll.key);
+        PERFORM pglock.lock_refuse('queue_poll', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', queue_poll.key);
     ELSIF queue_poll.ticket < 1 THEN
-        PERFORM pglock.refuse('queue_poll', 'ticket', 'above 0', queue_poll.ticket::text);
+        PERFORM pglock.lock_refuse('queue_poll', 'ticket', 'above 0', queue_poll.ticket::text);
     END IF;
     queued := false;
     qkey := queue_poll.key;
@@ -723,9 +723,9 @@ DECLARE
     w pglock.waiters;
 BEGIN
     IF NOT pglock.lock_key_ok(queue_leave.key) THEN
-        PERFORM pglock.refuse('queue_leave', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', queue_leave.key);
+        PERFORM pglock.lock_refuse('queue_leave', 'key', 'a lock''s or a semaphore''s key: 1 to 500 characters without U+001F', queue_leave.key);
     ELSIF queue_leave.ticket < 1 THEN
-        PERFORM pglock.refuse('queue_leave', 'ticket', 'above 0', queue_leave.ticket::text);
+        PERFORM pglock.lock_refuse('queue_leave', 'ticket', 'above 0', queue_leave.ticket::text);
     END IF;
     SELECT * INTO w FROM pglock.waiters o
     WHERE o.key = queue_leave.key || chr(31) AND o.ticket = queue_leave.ticket;
@@ -773,13 +773,13 @@ CREATE OR REPLACE FUNCTION pglock.sem_acquire(key text, owner text, ttl_ms bigin
 LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF NOT pglock.sem_key_ok(sem_acquire.key) THEN
-        PERFORM pglock.refuse('sem_acquire', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_acquire.key);
-    ELSIF NOT pglock.owner_ok(sem_acquire.owner) THEN
-        PERFORM pglock.refuse('sem_acquire', 'owner', '1 to 255 characters', sem_acquire.owner);
-    ELSIF NOT pglock.ttl_ok(sem_acquire.ttl_ms) THEN
-        PERFORM pglock.refuse('sem_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', sem_acquire.ttl_ms::text);
+        PERFORM pglock.lock_refuse('sem_acquire', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_acquire.key);
+    ELSIF NOT pglock.lock_owner_ok(sem_acquire.owner) THEN
+        PERFORM pglock.lock_refuse('sem_acquire', 'owner', '1 to 255 characters', sem_acquire.owner);
+    ELSIF NOT pglock.lock_ttl_ok(sem_acquire.ttl_ms) THEN
+        PERFORM pglock.lock_refuse('sem_acquire', 'ttl_ms', '1 to 31536000000 (365 days)', sem_acquire.ttl_ms::text);
     ELSIF sem_acquire.permits < 1 OR sem_acquire.permits > 1000 THEN
-        PERFORM pglock.refuse('sem_acquire', 'permits', '1 to 1000', sem_acquire.permits::text);
+        PERFORM pglock.lock_refuse('sem_acquire', 'permits', '1 to 1000', sem_acquire.permits::text);
     END IF;
     PERFORM pglock.sem_lock(sem_acquire.key, sem_acquire.permits);
     IF pglock.sem_waiting(sem_acquire.key, NULL) > 0 THEN
@@ -797,9 +797,9 @@ DECLARE
     live integer;
 BEGIN
     IF NOT pglock.sem_key_ok(sem_want.key) THEN
-        PERFORM pglock.refuse('sem_want', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_want.key);
+        PERFORM pglock.lock_refuse('sem_want', 'key', 'a semaphore''s key: 1 to 495 characters without U+001F', sem_want.key);
     ELSIF sem_want.permits < 1 OR sem_want.permits > 1000 THEN
-        PERFORM pglock.refuse('sem_want', 'permits', '1 to 1000', sem_want.permits::text);
+        PERFORM pglock.lock_refuse('sem_want', 'permits', '1 to 1000', sem_want.permits::text);
     END IF;
     UPDATE pglock.locks l
     SET wanted_at = clock_timestamp()
@@ -821,9 +821,9 @@ DECLARE
     deleted bigint;
 BEGIN
     IF NOT lock_prune.older_than_ms BETWEEN 0 AND 9223372036855 THEN
-        PERFORM pglock.refuse('lock_prune', 'older_than_ms', '0 to 9223372036855 (a time.Duration''s range)', lock_prune.older_than_ms::text);
+        PERFORM pglock.lock_refuse('lock_prune', 'older_than_ms', '0 to 9223372036855 (a time.Duration''s range)', lock_prune.older_than_ms::text);
     ELSIF lock_prune.max_rows < 1 THEN
-        PERFORM pglock.refuse('lock_prune', 'max_rows', '1 or more', lock_prune.max_rows::text);
+        PERFORM pglock.lock_refuse('lock_prune', 'max_rows', '1 or more', lock_prune.max_rows::text);
     END IF;
     IF NOT pg_try_advisory_xact_lock(8099561680514281586) THEN
         RETURN 0;
@@ -872,21 +872,21 @@ DECLARE
     run_id bigint;
 BEGIN
     IF NOT coalesce(pglock.lock_key_ok(job_run_record.job), false) THEN
-        PERFORM pglock.refuse('job_run_record', 'job', 'a job''s name: 1 to 500 characters without U+001F', job_run_record.job);
+        PERFORM pglock.lock_refuse('job_run_record', 'job', 'a job''s name: 1 to 500 characters without U+001F', job_run_record.job);
     ELSIF NOT coalesce(length(job_run_record.instance) BETWEEN 1 AND 200, false) THEN
-        PERFORM pglock.refuse('job_run_record', 'instance', '1 to 200 characters', job_run_record.instance);
-    ELSIF NOT coalesce(pglock.owner_ok(job_run_record.owner), false) THEN
-        PERFORM pglock.refuse('job_run_record', 'owner', '1 to 255 characters', job_run_record.owner);
+        PERFORM pglock.lock_refuse('job_run_record', 'instance', '1 to 200 characters', job_run_record.instance);
+    ELSIF NOT coalesce(pglock.lock_owner_ok(job_run_record.owner), false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'owner', '1 to 255 characters', job_run_record.owner);
     ELSIF NOT coalesce(job_run_record.token > 0, false) THEN
-        PERFORM pglock.refuse('job_run_record', 'token', 'above 0', job_run_record.token::text);
+        PERFORM pglock.lock_refuse('job_run_record', 'token', 'above 0', job_run_record.token::text);
     ELSIF NOT coalesce(job_run_record.ended_ago_us BETWEEN 0 AND 3155760000000000, false) THEN
-        PERFORM pglock.refuse('job_run_record', 'ended_ago_us', '0 to 3155760000000000 (100 years)', job_run_record.ended_ago_us::text);
+        PERFORM pglock.lock_refuse('job_run_record', 'ended_ago_us', '0 to 3155760000000000 (100 years)', job_run_record.ended_ago_us::text);
     ELSIF NOT coalesce(job_run_record.duration_us BETWEEN 0 AND 3155760000000000, false) THEN
-        PERFORM pglock.refuse('job_run_record', 'duration_us', '0 to 3155760000000000 (100 years)', job_run_record.duration_us::text);
+        PERFORM pglock.lock_refuse('job_run_record', 'duration_us', '0 to 3155760000000000 (100 years)', job_run_record.duration_us::text);
     ELSIF NOT coalesce(job_run_record.outcome IN ('ok', 'error', 'panicked', 'lost'), false) THEN
-        PERFORM pglock.refuse('job_run_record', 'outcome', 'ok, error, panicked or lost', job_run_record.outcome);
+        PERFORM pglock.lock_refuse('job_run_record', 'outcome', 'ok, error, panicked or lost', job_run_record.outcome);
     ELSIF NOT coalesce(job_run_record.retention_ms BETWEEN 1 AND 9223372036855, false) THEN
-        PERFORM pglock.refuse('job_run_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_run_record.retention_ms::text);
+        PERFORM pglock.lock_refuse('job_run_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_run_record.retention_ms::text);
     END IF;
     ended := statement_timestamp() - job_run_record.ended_ago_us * interval '1 microsecond';
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -920,11 +920,11 @@ DECLARE
     bad text;
 BEGIN
     IF NOT length(job_skips_record.instance) BETWEEN 1 AND 200 THEN
-        PERFORM pglock.refuse('job_skips_record', 'instance', '1 to 200 characters', job_skips_record.instance);
+        PERFORM pglock.lock_refuse('job_skips_record', 'instance', '1 to 200 characters', job_skips_record.instance);
     ELSIF json_typeof(job_skips_record.skips) <> 'array' OR json_array_length(job_skips_record.skips) > 10000 THEN
-        PERFORM pglock.refuse('job_skips_record', 'skips', 'a JSON array of up to 10000 objects', left(job_skips_record.skips::text, 100));
+        PERFORM pglock.lock_refuse('job_skips_record', 'skips', 'a JSON array of up to 10000 objects', left(job_skips_record.skips::text, 100));
     ELSIF NOT job_skips_record.retention_ms BETWEEN 1 AND 9223372036855 THEN
-        PERFORM pglock.refuse('job_skips_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_skips_record.retention_ms::text);
+        PERFORM pglock.lock_refuse('job_skips_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_skips_record.retention_ms::text);
     END IF;
     SELECT e.value::text INTO bad FROM json_array_elements(job_skips_record.skips) AS e
     WHERE NOT coalesce(json_typeof(e.value) = 'object'
@@ -936,7 +936,7 @@ BEGIN
                  ELSE false END, false)
     LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('job_skips_record', 'skips',
+        PERFORM pglock.lock_refuse('job_skips_record', 'skips',
             'objects of a job''s name (a key), a reason (lowercase letters and dashes), a count of 1 to 999999999999 and an ago_us of 0 to 3155760000000000 (100 years)', bad);
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -961,7 +961,7 @@ CREATE OR REPLACE FUNCTION pglock.job_run_list(job text, max_rows integer) RETUR
 LANGUAGE plpgsql STABLE STRICT SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF job_run_list.max_rows < 0 THEN
-        PERFORM pglock.refuse('job_run_list', 'max_rows', '0 or more', job_run_list.max_rows::text);
+        PERFORM pglock.lock_refuse('job_run_list', 'max_rows', '0 or more', job_run_list.max_rows::text);
     END IF;
     RETURN QUERY
     SELECT r.* FROM pglock.job_runs r
@@ -979,15 +979,15 @@ DECLARE
     bad text;
 BEGIN
     IF registry_touch.kind NOT IN ('job', 'election') THEN
-        PERFORM pglock.refuse('registry_touch', 'kind', 'job or election', registry_touch.kind);
+        PERFORM pglock.lock_refuse('registry_touch', 'kind', 'job or election', registry_touch.kind);
     ELSIF NOT length(registry_touch.instance) BETWEEN 1 AND 200 THEN
-        PERFORM pglock.refuse('registry_touch', 'instance', '1 to 200 characters', registry_touch.instance);
+        PERFORM pglock.lock_refuse('registry_touch', 'instance', '1 to 200 characters', registry_touch.instance);
     ELSIF coalesce(cardinality(registry_touch.keys), 0) > 1000 THEN
-        PERFORM pglock.refuse('registry_touch', 'keys', 'at most 1000', cardinality(registry_touch.keys)::text || ' keys');
+        PERFORM pglock.lock_refuse('registry_touch', 'keys', 'at most 1000', cardinality(registry_touch.keys)::text || ' keys');
     END IF;
     SELECT k INTO bad FROM unnest(registry_touch.keys) k WHERE NOT coalesce(pglock.lock_key_ok(k), false) LIMIT 1;
     IF FOUND THEN
-        PERFORM pglock.refuse('registry_touch', 'keys', 'keys of 1 to 500 characters without U+001F', bad);
+        PERFORM pglock.lock_refuse('registry_touch', 'keys', 'keys of 1 to 500 characters without U+001F', bad);
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     INSERT INTO pglock.registry AS r (kind, key, instance, registered_at, seen_at)
@@ -1012,9 +1012,9 @@ DECLARE
     f text;
     r record;
 BEGIN
-    FOREACH f IN ARRAY ARRAY['pglock.lock_key_ok(text)', 'pglock.sem_key_ok(text)', 'pglock.row_key_ok(text)',
-        'pglock.owner_ok(text)', 'pglock.ttl_ok(bigint)', 'pglock.refuse(text, text, text, text)', 'pglock.timeline()',
-        'pglock.release_permits(text, text[], text[])', 'pglock.release_lock(text, text)'] LOOP
+    FOREACH f IN ARRAY ARRAY['pglock.lock_key_ok(text)', 'pglock.sem_key_ok(text)', 'pglock.lock_row_key_ok(text)',
+        'pglock.lock_owner_ok(text)', 'pglock.lock_ttl_ok(bigint)', 'pglock.lock_refuse(text, text, text, text)', 'pglock.fencing_timeline()',
+        'pglock.sem_release_permits(text, text[], text[])', 'pglock.lock_release_key(text, text)'] LOOP
         EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
         FOR r IN
             SELECT DISTINCT a.grantee::regrole AS grantee

@@ -245,9 +245,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, nil, "sql")
 		require.Equal(t, 0, r.code, r.stderr)
-		want, err := os.ReadFile("../../sql/pglock.sql")
-		require.NoError(t, err)
-		require.Equal(t, string(want), r.stdout)
+		require.Equal(t, pglock.SQL(), r.stdout)
 	})
 }
 

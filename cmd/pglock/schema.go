@@ -28,7 +28,7 @@ from many places at once. Migrate status lists the migrations, applied or pendin
 and changes nothing.
 
 The role needs CREATE on the database the first time. 'pglock sql' prints the
-same schema as one script, for a migration tool of your own.`,
+schema as one script that creates it.`,
 	example: `
 pglock migrate status
 DATABASE_URL=postgres://owner@db.internal/shop pglock migrate`,
@@ -182,7 +182,7 @@ func (s status) print(e *env) {
 	case !s.Schema.Exists:
 		fmt.Fprintf(w, "schema pglock not found: %s pending\n", plural(s.pending(), "migration"))
 	case !s.Schema.Bookkeeping:
-		fmt.Fprintln(w, "schema pglock exists without pglock.schema_migrations (applied from sql/pglock.sql?): its version is unknown")
+		fmt.Fprintln(w, "schema pglock exists without pglock.schema_migrations (made by hand, or by the sql/pglock.sql of an older pglock): its version is unknown; `pglock migrate` runs every migration over it")
 	default:
 		dirty := ""
 		if s.Schema.Dirty {
@@ -231,12 +231,14 @@ func (s status) json() any {
 var sqlCommand = &command{
 	name:    "sql",
 	args:    "",
-	summary: "print the schema as one idempotent SQL script (sql/pglock.sql)",
+	summary: "print the SQL script that creates schema pglock on a database without it",
 	help: `
-SQL prints schema pglock as one script: every migration, in order, written so that
-it can run again on a database that has any of them. It is for a migration tool of
-your own, or a review; 'pglock migrate' applies the same schema. It does not
-connect.`,
+SQL prints schema pglock as it is now, as one script in one transaction, each
+function defined once (the files of sql/ in pglock's source): for a review, or to
+create the schema with psql. It records the latest migration in
+pglock.schema_migrations, so 'pglock migrate' later finds nothing to do. On a
+database that has schema pglock, of any version, it fails and changes nothing:
+upgrade with 'pglock migrate'. It does not connect.`,
 	example: `
 pglock sql > pglock.sql
 pglock sql | psql -v ON_ERROR_STOP=1 "$DATABASE_URL"`,

@@ -72,7 +72,7 @@ func runVersion(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 		case !st.Exists:
 			database = "schema pglock not found: run `pglock migrate`"
 		case !st.Bookkeeping:
-			database = "schema pglock without pglock.schema_migrations (applied from sql/pglock.sql?)"
+			database = "schema pglock without pglock.schema_migrations (made by hand, or by the sql/pglock.sql of an older pglock): run `pglock migrate`"
 		default:
 			v.DatabaseSchema = &st.Version
 			database = fmt.Sprintf("schema pglock at version %d", st.Version)
