@@ -1,0 +1,34 @@
+-- Back to the registry of 000016: no closed registrations, registry_touch as it was.
+DROP FUNCTION IF EXISTS pglock.registry_states(text);
+DROP FUNCTION IF EXISTS pglock.registry_close(text, text[], text);
+
+CREATE OR REPLACE FUNCTION pglock.registry_touch(kind text, keys text[], instance text, registering boolean)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE STRICT
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    written integer;
+    now timestamptz := clock_timestamp();
+BEGIN
+    IF registry_touch.kind NOT IN ('job', 'election') OR registry_touch.instance = ''
+        OR coalesce(cardinality(registry_touch.keys), 0) > 1000
+        OR EXISTS (SELECT FROM unnest(registry_touch.keys) k WHERE k IS NULL OR k = '' OR length(k) > 500) THEN
+        RAISE EXCEPTION 'pglock.registry_touch: want kind job or election, an instance and up to 1000 keys of 1 to 500 characters, not kind %L, instance %L and % keys',
+            registry_touch.kind, registry_touch.instance, cardinality(registry_touch.keys)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO pglock.registry AS r (kind, key, instance, registered_at, seen_at)
+    SELECT registry_touch.kind, k, registry_touch.instance, now, now
+    FROM (SELECT DISTINCT k FROM unnest(registry_touch.keys) k) u
+    ON CONFLICT ON CONSTRAINT registry_pkey DO UPDATE
+    SET seen_at = excluded.seen_at,
+        registered_at = CASE WHEN registry_touch.registering THEN excluded.registered_at ELSE r.registered_at END;
+    GET DIAGNOSTICS written = ROW_COUNT;
+    IF registry_touch.registering THEN
+        DELETE FROM pglock.registry r WHERE r.seen_at < now - interval '7 days';
+    END IF;
+    RETURN written;
+END $$;
+
+ALTER TABLE pglock.registry DROP COLUMN IF EXISTS closed_at;
