@@ -25,7 +25,7 @@ Migrate up (the default) brings schema pglock up to date with this pglock's
 migrations, with golang-migrate, keeping its bookkeeping in
 pglock.schema_migrations; it is what pglock.Migrate does, and it is safe to run
 from many places at once. Migrate status lists the migrations, applied or pending,
-and changes nothing.
+and changes nothing; it exits 1 while some are pending (no schema pglock included).
 
 The role needs CREATE on the database the first time. 'pglock sql' prints the
 same schema as one script, for a migration tool of your own.`,
