@@ -156,8 +156,8 @@ func TestRegistrationStatesOnTheMemoryStore(t *testing.T) {
 		"died": pglock.RegistrationGone}, registrationStates(t, live, job))
 }
 
-// registry_touch, registry_close and registry_states refuse bad input, as a role with
-// README's grants calls them: invalid_parameter_value (22023), a message naming the
+// registry_touch, registry_close, registry_states and their check refuse bad input, as
+// a role with README's grants calls them: invalid_parameter_value (22023), a message naming the
 // argument, and nothing written. The limits themselves pass.
 func TestRegistryFunctionsRefuseBadInput(t *testing.T) {
 	t.Parallel()
@@ -192,6 +192,8 @@ func TestRegistryFunctionsRefuseBadInput(t *testing.T) {
 		{"close of a key of 501 characters", closeQ, []any{"job", keys(strings.Repeat("k", 501)), "a"}, `pglock.registry_close: keys: `},
 		{"close of a key with U+001F", closeQ, []any{"election", keys("k\x1f1"), "a"}, `pglock.registry_close: keys: `},
 		{"close of 1001 keys", closeQ, []any{"job", keys(many...), "a"}, `pglock.registry_close: keys: want up to 1000 keys of 1 to 500 characters without U+001F, not 1001 keys`},
+		{"check for another function", `SELECT pglock.registry_check($1, 'job', '{k}', 'a')`, []any{"lock_acquire"}, `pglock.registry_check: fn 'lock_acquire': want registry_touch or registry_close`},
+		{"check of a null kind", `SELECT pglock.registry_check('registry_close', $1, '{k}', 'a')`, []any{nil}, `pglock.registry_close: kind NULL: want job or election`},
 		{"states of an unknown kind", `SELECT * FROM pglock.registry_states($1)`, []any{"lock"}, `pglock.registry_states: kind 'lock': want job or election`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

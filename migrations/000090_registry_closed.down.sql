@@ -31,4 +31,5 @@ BEGIN
     RETURN written;
 END $$;
 
+DROP FUNCTION IF EXISTS pglock.registry_check(text, text, text[], text);
 ALTER TABLE pglock.registry DROP COLUMN IF EXISTS closed_at;

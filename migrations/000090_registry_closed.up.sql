@@ -6,11 +6,37 @@
 -- hints for operators, never something a lock rests on: they are not flushed.
 ALTER TABLE pglock.registry ADD COLUMN IF NOT EXISTS closed_at timestamptz; -- when its client left; null while open
 
+-- registry_check raises invalid_parameter_value (22023), naming the argument, unless
+-- kind is job or election, instance has 1 to 200 characters, and keys are up to 1000
+-- of 1 to 500 characters without U+001F: the checks of registry_touch and
+-- registry_close (fn), written once. It reads and writes nothing.
+CREATE OR REPLACE FUNCTION pglock.registry_check(fn text, kind text, keys text[], instance text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF fn IS NULL OR fn NOT IN ('registry_touch', 'registry_close') THEN
+        RAISE EXCEPTION 'pglock.registry_check: fn %: want registry_touch or registry_close', quote_nullable(fn)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF kind IS NULL OR kind NOT IN ('job', 'election') THEN
+        RAISE EXCEPTION 'pglock.%: kind %: want job or election', fn, quote_nullable(kind)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF instance IS NULL OR length(instance) NOT BETWEEN 1 AND 200 THEN
+        RAISE EXCEPTION 'pglock.%: instance of % characters: want 1 to 200', fn, coalesce(length(instance), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF keys IS NULL OR coalesce(cardinality(keys), 0) > 1000
+        OR EXISTS (SELECT FROM unnest(keys) k WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 500 OR strpos(k, chr(31)) > 0) THEN
+        RAISE EXCEPTION 'pglock.%: keys: want up to 1000 keys of 1 to 500 characters without U+001F, not % keys',
+            fn, coalesce(cardinality(keys), 0)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END $$;
+
 -- registry_touch as 000016 defined it, but a registration or a refresh opens the row
--- again (closed_at null), and each argument is checked on its own: kind job or
--- election, an instance of 1 to 200 characters, up to 1000 keys of 1 to 500
--- characters without U+001F. Bad input raises invalid_parameter_value (22023), naming
--- the argument, and writes nothing.
+-- again (closed_at null), and each argument is checked on its own (registry_check).
 CREATE OR REPLACE FUNCTION pglock.registry_touch(kind text, keys text[], instance text, registering boolean)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE STRICT
@@ -19,21 +45,7 @@ DECLARE
     written integer;
     now timestamptz := clock_timestamp();
 BEGIN
-    IF registry_touch.kind NOT IN ('job', 'election') THEN
-        RAISE EXCEPTION 'pglock.registry_touch: kind %: want job or election', quote_literal(registry_touch.kind)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF length(registry_touch.instance) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'pglock.registry_touch: instance of % characters: want 1 to 200', length(registry_touch.instance)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF coalesce(cardinality(registry_touch.keys), 0) > 1000
-        OR EXISTS (SELECT FROM unnest(registry_touch.keys) k
-                   WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 500 OR strpos(k, chr(31)) > 0) THEN
-        RAISE EXCEPTION 'pglock.registry_touch: keys: want up to 1000 keys of 1 to 500 characters without U+001F, not % keys',
-            cardinality(registry_touch.keys)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM pglock.registry_check('registry_touch', registry_touch.kind, registry_touch.keys, registry_touch.instance);
     PERFORM set_config('synchronous_commit', 'off', true);
     INSERT INTO pglock.registry AS r (kind, key, instance, registered_at, seen_at)
     SELECT registry_touch.kind, k, registry_touch.instance, now, now
@@ -60,21 +72,7 @@ DECLARE
     written integer;
     now timestamptz := clock_timestamp();
 BEGIN
-    IF registry_close.kind NOT IN ('job', 'election') THEN
-        RAISE EXCEPTION 'pglock.registry_close: kind %: want job or election', quote_literal(registry_close.kind)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF length(registry_close.instance) NOT BETWEEN 1 AND 200 THEN
-        RAISE EXCEPTION 'pglock.registry_close: instance of % characters: want 1 to 200', length(registry_close.instance)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF coalesce(cardinality(registry_close.keys), 0) > 1000
-        OR EXISTS (SELECT FROM unnest(registry_close.keys) k
-                   WHERE k IS NULL OR length(k) NOT BETWEEN 1 AND 500 OR strpos(k, chr(31)) > 0) THEN
-        RAISE EXCEPTION 'pglock.registry_close: keys: want up to 1000 keys of 1 to 500 characters without U+001F, not % keys',
-            cardinality(registry_close.keys)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM pglock.registry_check('registry_close', registry_close.kind, registry_close.keys, registry_close.instance);
     PERFORM set_config('synchronous_commit', 'off', true);
     UPDATE pglock.registry r SET closed_at = now, seen_at = now
     WHERE r.kind = registry_close.kind AND r.instance = registry_close.instance
@@ -104,6 +102,7 @@ BEGIN
     ORDER BY r.key, r.instance;
 END $$;
 
+REVOKE ALL ON FUNCTION pglock.registry_check(text, text, text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pglock.registry_close(text, text[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pglock.registry_states(text) FROM PUBLIC;
 
@@ -117,7 +116,7 @@ BEGIN
         WHERE p.oid = 'pglock.lock_acquire(text, text, bigint)'::regprocedure AND a.privilege_type = 'EXECUTE'
           AND a.grantee <> 0 AND a.grantee <> p.proowner
     LOOP
-        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.registry_close(text, text[], text), '
-            'pglock.registry_states(text) TO %s', r.grantee);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.registry_check(text, text, text[], text), '
+            'pglock.registry_close(text, text[], text), pglock.registry_states(text) TO %s', r.grantee);
     END LOOP;
 END $$;
