@@ -5,9 +5,9 @@
 //  1. the URL in an environment variable (DATABASE_URL, say), when it is set;
 //  2. else the server the libpq defaults reach (PGHOST, PGPORT, PGUSER, PGPASSWORD,
 //     the local socket), when one answers within 3 s;
-//  3. else an embedded PostgreSQL started for the process, its binaries downloaded
-//     once into the user's cache directory (offline, BinariesEnv names local ones;
-//     initdb refuses to run as root).
+//  3. else an embedded PostgreSQL started for the process (up to a minute; more the
+//     first time, when its binaries are downloaded into the user's cache directory;
+//     offline, BinariesEnv names local ones; initdb refuses to run as root).
 //
 // It is for local development only. A deployed program is given its database's URL
 // (pgxpool.New with DATABASE_URL) and never starts a server: drop this package from a
@@ -28,7 +28,7 @@ import (
 // BinariesEnv names the environment variable with a directory of local PostgreSQL
 // binaries (bin/, lib/, share/) for the embedded server, for machines that cannot
 // download them: Debian's and Ubuntu's /usr/lib/postgresql/<version> works as it is.
-const BinariesEnv = devdb.BinariesEnv
+const BinariesEnv = "PGLOCK_POSTGRES_BINARIES"
 
 // Server is a PostgreSQL server that Find found or started. A Server made by hand,
 // with URL set, is one Find did not start: Stop does nothing.
@@ -46,9 +46,8 @@ type Server struct {
 }
 
 // Find returns the server at the URL in the environment variable envVar, else the
-// one the libpq defaults reach, else an embedded PostgreSQL it starts on a free port
-// (Stop stops it). ctx bounds the search, not the embedded server's start (up to a
-// minute, more the first time: the download). An empty envVar is
+// one the libpq defaults reach, else an embedded PostgreSQL it starts (Stop stops
+// it). ctx bounds the search, not the start. An empty envVar is
 // pglock.ErrInvalidArgument; with no server at all, the error says what to set.
 func Find(ctx context.Context, envVar string) (*Server, error) {
 	if envVar == "" {
@@ -69,9 +68,9 @@ func Find(ctx context.Context, envVar string) (*Server, error) {
 const maxNameBytes = 63
 
 // Database creates the database name on the server unless it exists, and returns its
-// URL: a program works in a database of its own, and creates nothing in another. ctx
-// bounds the connection and the statement. A name that is empty, over 63 bytes, not
-// UTF-8 or holding a NUL is pglock.ErrInvalidArgument, and nothing is created.
+// URL. ctx bounds the connection and the statement. A name that is empty, over 63
+// bytes, not UTF-8 or holding a NUL is pglock.ErrInvalidArgument, and nothing is
+// created.
 func (s *Server) Database(ctx context.Context, name string) (string, error) {
 	if name == "" || len(name) > maxNameBytes || !utf8.ValidString(name) || strings.ContainsRune(name, 0) {
 		return "", invalidArg("pglockdev.Database: name %q: want 1 to %d bytes of UTF-8 without NUL", name, maxNameBytes)
@@ -80,8 +79,7 @@ func (s *Server) Database(ctx context.Context, name string) (string, error) {
 }
 
 // Stop stops the server if Find started it, and removes its files; otherwise it does
-// nothing. Call it when the process is done with the server; calling it again
-// returns the first call's error.
+// nothing. Calling it again returns the first call's error.
 func (s *Server) Stop() error {
 	s.stopOnce.Do(func() {
 		if s.stop != nil {

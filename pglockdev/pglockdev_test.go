@@ -13,12 +13,19 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/devdb"
 	"github.com/pgfence/pglock/pglockdev"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
+}
+
+// The embedded server reads the variable this package names.
+func TestBinariesEnvIsTheOneTheEmbeddedServerReads(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, devdb.BinariesEnv, pglockdev.BinariesEnv)
 }
 
 func TestFindTakesTheVariableFirst(t *testing.T) {
