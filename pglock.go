@@ -299,8 +299,9 @@ func (c *Client) onClose(f func(ctx context.Context) error) {
 // in progress, and waits for each to return; only then hands its lock back (a job's
 // lease is kept for the rest of the second after its last run started: see Job).
 // Locks the caller took with TryAcquire or Acquire and still holds have their Context
-// cancelled with ErrClosed and are released. Then it stops its renewer and delivers the
-// events still queued. Before that, the releases of failed acquisitions still pending
+// cancelled with ErrClosed and are released. Then it marks its jobs' and elections'
+// registrations closed (see Registration), stops its renewer and delivers the events
+// still queued. Before that, the releases of failed acquisitions still pending
 // are made once more and stopped (see TryAcquire).
 //
 // Store calls run on a context detached from ctx's cancellation, with a timeout. ctx

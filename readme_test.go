@@ -173,7 +173,7 @@ func TestReadmeQuickStartRuns(t *testing.T) {
 	if err != nil {
 		t.Skipf("no go command to build the Quick start with: %v", err)
 	}
-	bin := buildQuickStart(t, goTool)
+	bin := buildReadmeProgram(t, goTool, "## Quick start")
 	run := func(databaseURL string) (out string, exitCode int, took time.Duration) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -245,16 +245,16 @@ func TestReadmeQuickStartRuns(t *testing.T) {
 	})
 }
 
-// buildQuickStart builds the program of README.md's Quick start section and returns the
-// executable's path.
-func buildQuickStart(t *testing.T, goTool string) string {
+// buildReadmeProgram builds the first whole program of README.md's section heading
+// ("## Quick start") and returns the executable's path.
+func buildReadmeProgram(t *testing.T, goTool, heading string) string {
 	t.Helper()
 	readme, err := filepath.Abs("README.md")
 	require.NoError(t, err)
 	text, err := os.ReadFile(readme)
 	require.NoError(t, err)
-	at := bytes.Index(text, []byte("\n## Quick start\n"))
-	require.GreaterOrEqual(t, at, 0, "README.md has no Quick start section")
+	at := bytes.Index(text, []byte("\n"+heading+"\n"))
+	require.GreaterOrEqual(t, at, 0, "README.md has no section %q", heading)
 	line := func(offset int) int { return bytes.Count(text[:offset], []byte("\n")) + 1 }
 	start, end := line(at+1), len(text)
 	if next := bytes.Index(text[at+1:], []byte("\n## ")); next >= 0 {
@@ -264,18 +264,18 @@ func buildQuickStart(t *testing.T, goTool string) string {
 	i := slices.IndexFunc(blocks, func(b readmeBlock) bool {
 		return b.line > start && b.line < line(end) && strings.HasPrefix(b.code, "package main\n")
 	})
-	require.GreaterOrEqual(t, i, 0, "README.md's Quick start has no whole program")
+	require.GreaterOrEqual(t, i, 0, "README.md's section %q has no whole program", heading)
 	block := blocks[i]
 
 	// Inside the module, so that the program imports this pglock; "_" hides the
 	// directory from ./... patterns.
-	dir, err := os.MkdirTemp(".", "_readme_quickstart_")
+	dir, err := os.MkdirTemp(".", "_readme_program_")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
 	src := fmt.Sprintf("//line %s:%d\n%s", readme, block.line, block.code)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644))
-	bin := filepath.Join(t.TempDir(), "quickstart")
+	bin := filepath.Join(t.TempDir(), "program")
 	out, err := exec.Command(goTool, "build", "-o", bin, "./"+filepath.ToSlash(dir)).CombinedOutput()
-	require.NoError(t, err, "README.md's Quick start does not build:\n%s", out)
+	require.NoError(t, err, "README.md's section %q does not build:\n%s", heading, out)
 	return bin
 }

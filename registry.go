@@ -17,6 +17,9 @@ const (
 	// registryRefresh is how often a client tells the store that its registrations
 	// are still there (Registration.Seen).
 	registryRefresh = 5 * time.Minute
+	// registryGone is how long a registration neither closed nor refreshed stays
+	// live: a refresh period and a minute for a late one.
+	registryGone = registryRefresh + time.Minute
 	// registryBatch is the most keys one registry write carries.
 	registryBatch = 1000
 )
@@ -29,12 +32,42 @@ const (
 
 // Registration says that an instance registered a job or an election (Client.Job,
 // Elect, a GocronLocker's first Lock of a job, GocronElector), as the store keeps it.
-// An instance refreshes its registrations every 5 minutes while its client is open;
-// the store forgets those not seen for 7 days.
+// An instance refreshes its registrations every 5 minutes while its client is open,
+// and marks them closed at Close; the store forgets those not seen for 7 days.
 type Registration struct {
-	Instance   string    // the instance's name (WithInstanceName)
-	Registered time.Time // its last registration by that instance, on the store's clock
-	Seen       time.Time // its last refresh by that instance, on the store's clock
+	Instance   string            // the instance's name (WithInstanceName)
+	Registered time.Time         // its last registration by that instance, on the store's clock
+	Seen       time.Time         // its last refresh by that instance, or its close, on the store's clock
+	State      RegistrationState // whether the instance is still there
+}
+
+// RegistrationState says whether the instance of a Registration is still there, as
+// the store saw it when it was read.
+type RegistrationState string
+
+// Registration states.
+const (
+	// RegistrationLive: not closed, and seen within the last 6 minutes (a refresh is
+	// due every 5): its client is open.
+	RegistrationLive RegistrationState = "live"
+	// RegistrationClosed: the instance left: its Client was closed, or (an election)
+	// it resigned.
+	RegistrationClosed RegistrationState = "closed"
+	// RegistrationGone: not closed, and not seen for over 6 minutes: its process died
+	// or was killed, its Close could not reach the store, or it lost the store.
+	RegistrationGone RegistrationState = "gone"
+)
+
+// registrationState is the state of a registration seen at seen, closed or not, read
+// at now.
+func registrationState(closed bool, seen, now time.Time) RegistrationState {
+	switch {
+	case closed:
+		return RegistrationClosed
+	case now.Sub(seen) > registryGone:
+		return RegistrationGone
+	}
+	return RegistrationLive
 }
 
 // registryEntry is one registration of this client.
@@ -82,6 +115,7 @@ type registry struct {
 	mu      sync.Mutex
 	entries map[registryEntry]struct{} // refreshed every registryRefresh
 	pending []registryEntry            // to register
+	leaving []registryEntry            // to mark closed
 	started bool
 	closed  bool
 	wake    chan struct{} // buffered 1
@@ -109,65 +143,94 @@ func (r *registry) add(e registryEntry) {
 	}
 	r.entries[e] = struct{}{}
 	r.pending = append(r.pending, e)
+	r.leaving = slices.DeleteFunc(r.leaving, func(l registryEntry) bool { return l == e })
 	if !r.started {
 		r.started = true
 		go r.write()
 	}
+	r.wakeWriter()
+}
+
+func (r *registry) wakeWriter() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// remove stops refreshing e (a resigned election); the store keeps it until it is
-// forgotten, as the registration of an instance that is gone.
+// remove stops refreshing e (a resigned election) and marks it closed in the store.
 func (r *registry) remove(e registryEntry) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.entries[e]; !ok {
+		return
+	}
 	delete(r.entries, e)
-	r.mu.Unlock()
+	r.leaving = append(r.leaving, e)
+	r.wakeWriter()
 }
 
-// write is the writer: it registers what is pending, and refreshes every entry each
-// registryRefresh, until Close.
+// write is the writer: it registers what is pending, marks closed what left, and
+// refreshes every entry each registryRefresh, until Close, when it marks every entry
+// closed.
 func (r *registry) write() {
 	defer close(r.done)
 	refresh := time.NewTimer(registryRefresh)
 	defer refresh.Stop()
+	touch := func(registering bool) func(ctx context.Context, kind string, keys []string) error {
+		return func(ctx context.Context, kind string, keys []string) error {
+			return r.store.registryTouch(ctx, kind, keys, r.instance, registering)
+		}
+	}
+	leave := func(ctx context.Context, kind string, keys []string) error {
+		return r.store.registryClose(ctx, kind, keys, r.instance)
+	}
 	for {
 		r.mu.Lock()
-		pending, closed := r.pending, r.closed
-		r.pending = nil
+		pending, leaving, closed := r.pending, r.leaving, r.closed
+		r.pending, r.leaving = nil, nil
+		if closed {
+			leaving = append(leaving, r.all()...)
+			clear(r.entries)
+		}
 		r.mu.Unlock()
 		if r.ctx.Err() != nil {
 			return
 		}
-		if len(pending) > 0 {
-			r.touch(pending, true)
-			continue
-		}
+		r.each(pending, touch(true))
+		r.each(leaving, leave)
 		if closed {
 			return
+		}
+		if len(pending) > 0 || len(leaving) > 0 {
+			continue
 		}
 		select {
 		case <-r.wake:
 		case <-refresh.C:
 			r.mu.Lock()
-			all := make([]registryEntry, 0, len(r.entries))
-			for e := range r.entries {
-				all = append(all, e)
-			}
+			all := r.all()
 			r.mu.Unlock()
-			r.touch(all, false)
+			r.each(all, touch(false))
 			refresh.Reset(registryRefresh)
 		}
 	}
 }
 
-// touch writes entries, one statement per kind and batch of keys.
-func (r *registry) touch(entries []registryEntry, registering bool) {
+// all returns the entries; r.mu is held.
+func (r *registry) all() []registryEntry {
+	all := make([]registryEntry, 0, len(r.entries))
+	for e := range r.entries {
+		all = append(all, e)
+	}
+	return all
+}
+
+// each writes entries with write, one statement per kind and batch of keys.
+func (r *registry) each(entries []registryEntry, write func(ctx context.Context, kind string, keys []string) error) {
 	byKind := map[string][]string{}
 	for _, e := range entries {
 		byKind[e.kind] = append(byKind[e.kind], e.key)
@@ -176,7 +239,7 @@ func (r *registry) touch(entries []registryEntry, registering bool) {
 		slices.Sort(keys)
 		for batch := range slices.Chunk(slices.Compact(keys), registryBatch) {
 			ctx, cancel := context.WithTimeout(r.ctx, storeTimeout)
-			err := r.store.registryTouch(ctx, kind, batch, r.instance, registering)
+			err := write(ctx, kind, batch)
 			cancel()
 			if err != nil {
 				r.logger.Warn("pglock: registry not written", slog.String("key", batch[0]), slog.Int("keys", len(batch)),
@@ -186,7 +249,8 @@ func (r *registry) touch(entries []registryEntry, registering bool) {
 	}
 }
 
-// close is Close's step: it writes the registrations pending, until ctx ends.
+// close is Close's step: it writes the registrations pending, then marks every one
+// closed, until ctx ends.
 func (r *registry) close(ctx context.Context) error {
 	if r == nil {
 		return nil
@@ -194,14 +258,11 @@ func (r *registry) close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
 	started := r.started
+	r.wakeWriter()
 	r.mu.Unlock()
 	defer r.cancel()
 	if !started {
 		return nil
-	}
-	select {
-	case r.wake <- struct{}{}:
-	default:
 	}
 	return waitDone(ctx, r.done)
 }

@@ -116,7 +116,10 @@ type backend interface {
 	// registryTouch writes that instance registered keys of kind (kindJob,
 	// kindElection): a registration when registering, else a refresh (see registry).
 	registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error
-	// registrations returns the registrations of kind, by key then instance.
+	// registryClose marks instance's registrations of keys of kind closed: it left.
+	registryClose(ctx context.Context, kind string, keys []string, instance string) error
+	// registrations returns the registrations of kind, by key then instance, each
+	// with its state as of the read.
 	registrations(ctx context.Context, kind string) ([]registryRow, error)
 	// elections returns every registered election's key with its live holder, as
 	// holder reads it, sorted by key (see Client.Elections).

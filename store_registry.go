@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The stores' side of the registry (registry.go): pglock.registry (000016).
+// The stores' side of the registry (registry.go): pglock.registry (000016, 000028).
 
 func (s *postgresStore) registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error {
 	var written sql.NullInt64
@@ -20,15 +20,28 @@ func (s *postgresStore) registryTouch(ctx context.Context, kind string, keys []s
 	return nil
 }
 
+func (s *postgresStore) registryClose(ctx context.Context, kind string, keys []string, instance string) error {
+	var written sql.NullInt64
+	if err := s.queryRow(ctx, `SELECT pglock.registry_close($1, $2, $3)`, kind, s.array(keys), instance).
+		Scan(&written); err != nil {
+		return storeError(err, "mark %d %ss closed", len(keys), kind)
+	}
+	return nil
+}
+
 // registrations returns the registrations of kind, by key then instance.
 func (s *postgresStore) registrations(ctx context.Context, kind string) ([]registryRow, error) {
 	var out []registryRow
-	err := s.queryRows(ctx, `SELECT key, instance, registered_at, seen_at FROM pglock.registry_list($1)`, []any{kind},
+	err := s.queryRows(ctx, `SELECT key, instance, registered_at, seen_at, closed_at, read_at
+		FROM pglock.registry_states($1)`, []any{kind},
 		func(r scanner) error {
 			var row registryRow
-			if err := r.Scan(&row.key, &row.Instance, &row.Registered, &row.Seen); err != nil {
+			var closed sql.NullTime
+			var readAt time.Time
+			if err := r.Scan(&row.key, &row.Instance, &row.Registered, &row.Seen, &closed, &readAt); err != nil {
 				return err
 			}
+			row.State = registrationState(closed.Valid, row.Seen, readAt)
 			out = append(out, row)
 			return nil
 		})
@@ -88,13 +101,28 @@ func (s *memoryStore) registryTouch(_ context.Context, kind string, keys []strin
 		if !ok || registering {
 			r = Registration{Instance: instance, Registered: now}
 		}
-		r.Seen = now
+		r.Seen, r.State = now, ""
 		g.rows[e][instance] = r
 	}
 	return nil
 }
 
+func (s *memoryStore) registryClose(_ context.Context, kind string, keys []string, instance string) error {
+	now := s.clock.Now()
+	g := &s.registry
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, key := range keys {
+		if r, ok := g.rows[registryEntry{kind, key}][instance]; ok && r.State != RegistrationClosed {
+			r.Seen, r.State = now, RegistrationClosed
+			g.rows[registryEntry{kind, key}][instance] = r
+		}
+	}
+	return nil
+}
+
 func (s *memoryStore) registrations(_ context.Context, kind string) ([]registryRow, error) {
+	now := s.clock.Now()
 	g := &s.registry
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -104,6 +132,7 @@ func (s *memoryStore) registrations(_ context.Context, kind string) ([]registryR
 			continue
 		}
 		for _, r := range byInstance {
+			r.State = registrationState(r.State == RegistrationClosed, r.Seen, now)
 			out = append(out, registryRow{key: e.key, Registration: r})
 		}
 	}

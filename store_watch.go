@@ -364,6 +364,11 @@ func (w watchedBackend) registryTouch(ctx context.Context, kind string, keys []s
 	return w.b.registryTouch(ctx, kind, keys, instance, registering)
 }
 
+func (w watchedBackend) registryClose(ctx context.Context, kind string, keys []string, instance string) (err error) {
+	defer w.k.end(w.k.begin(ctx, "unregister", 0, false), &err)
+	return w.b.registryClose(ctx, kind, keys, instance)
+}
+
 func (w watchedBackend) registrations(ctx context.Context, kind string) (_ []registryRow, err error) {
 	defer w.k.end(w.k.begin(ctx, "registrations", 0, false), &err)
 	return w.b.registrations(ctx, kind)

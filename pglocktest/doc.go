@@ -16,7 +16,8 @@
 // when the last test using it ends (its binaries are downloaded once; offline, point
 // PGLOCK_POSTGRES_BINARIES at local ones). With no server at all the tests that
 // need one are skipped, saying why, except when the CI environment variable is set:
-// then they fail, so that a CI job cannot pass without having run them.
+// then they fail, so that a CI job cannot pass without having run them. A program
+// (not a test) finds a server for local development the same way with pglockdev.
 //
 // # Time
 //

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -37,7 +38,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, []string{"COLUMNS=200"}, "locks", "-url", url, "-prefix", p) // the test's long keys whole
 		require.Equal(t, 0, r.code, r.stderr)
-		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		lines := strings.Split(strings.TrimSpace(afterReached(t, r.stdout, url, "-url")), "\n")
 		require.Regexp(t, `^KEY\s+PERMIT\s+OWNER\s+TOKEN\s+HELD\s+EXPIRES\s+WAITING$`, lines[0])
 		row := func(key, permit string) string {
 			for _, l := range lines {
@@ -109,7 +110,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, nil, "locks", "-url", url, "-prefix", p+"nothing%")
 		require.Equal(t, 0, r.code, r.stderr)
-		require.Equal(t, "no locks with prefix \""+p+"nothing%\"\n", r.stdout)
+		require.Equal(t, "no locks with prefix \""+p+"nothing%\"\n", afterReached(t, r.stdout, url, "-url"))
 	})
 
 	t.Run("LocksConnectsWithDatabaseURL", func(t *testing.T) {
@@ -123,7 +124,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, []string{"COLUMNS=200"}, "jobs", "-url", url)
 		require.Equal(t, 0, r.code, r.stderr)
-		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		lines := strings.Split(strings.TrimSpace(afterReached(t, r.stdout, url, "-url")), "\n")
 		require.Regexp(t, `^JOB\s+LAST RUN\s+ON\s+TOOK\s+OUTCOME\s+LAST FAILURE\s+SKIPPED$`, lines[0])
 		require.Len(t, lines, 3, r.stdout)
 		require.Regexp(t, `^`+regexp.QuoteMeta(p)+`export\s+\S+ ago\s+worker-1\s+\S+s\s+error\s+\S+ ago on worker-1, error: export: the warehouse answered 503\s+-$`, lines[1])
@@ -168,7 +169,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		t.Parallel()
 		r := pglockCmd(t, nil, "jobs", "-url", url, "-n", "5", p+"reconcile")
 		require.Equal(t, 0, r.code, r.stderr)
-		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		lines := strings.Split(strings.TrimSpace(afterReached(t, r.stdout, url, "-url")), "\n")
 		require.Regexp(t, `^STARTED \(UTC\)\s+ON\s+TOKEN\s+TOOK\s+OUTCOME\s+ERROR$`, lines[0])
 		require.Regexp(t, `^\S+Z\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[1])
 		require.Regexp(t, `^\S+Z\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[2])
@@ -176,9 +177,9 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		require.Regexp(t, `^SKIPPED ON\s+REASON\s+TICKS\s+LAST$`, lines[4])
 		require.Regexp(t, `^worker-2\s+other-instance\s+1\s+\S+ ago$`, lines[5])
 		require.Equal(t, "", lines[6])
-		require.Regexp(t, `^REGISTERED ON\s+REGISTERED\s+LAST SEEN$`, lines[7])
-		require.Regexp(t, `^worker-1\s+\S+ ago\s+\S+ ago$`, lines[8])
-		require.Regexp(t, `^worker-2\s+\S+ ago\s+\S+ ago$`, lines[9])
+		require.Regexp(t, `^REGISTERED ON\s+STATE\s+REGISTERED\s+LAST SEEN$`, lines[7])
+		require.Regexp(t, `^worker-1\s+live\s+\S+ ago\s+\S+ ago$`, lines[8], "its client is open")
+		require.Regexp(t, `^worker-2\s+closed\s+\S+ ago\s+\S+ ago$`, lines[9], "its client was closed")
 		requireFits(t, r.stdout, defaultWidth)
 
 		r = pglockCmd(t, nil, "jobs", "-url", url, "-n", "1", "-json", p+"reconcile")
@@ -209,7 +210,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		r := pglockCmd(t, nil, "release", "-url", url, key)
 		require.Equal(t, exitUsage, r.code)
 		requireFits(t, r.stdout, defaultWidth)
-		require.Regexp(t, `^would release "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(r.stdout))
+		require.Regexp(t, `^would release "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(afterReached(t, r.stdout, url, "-url")))
 		require.Equal(t, `pglock: release: -force is required to break "`+key+`": nothing changed`+"\n", r.stderr)
 		after := locksJSONOf(t, url, key)
 		require.True(t, after[0].Held)
@@ -223,7 +224,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		before := locksJSONOf(t, url, key)
 		r := pglockCmd(t, nil, "release", "-url", url, key, "-permit", "2")
 		require.Equal(t, exitUsage, r.code)
-		require.Regexp(t, `^would release permit 2 of "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key+"#2"])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(r.stdout))
+		require.Regexp(t, `^would release permit 2 of "`+regexp.QuoteMeta(key)+`": owner worker-1/\S+, token `+itoa(h.tokens[key+"#2"])+`, its lease due to end \S+Z \(in \S+\)$`, unwrap(afterReached(t, r.stdout, url, "-url")))
 		require.Equal(t, `pglock: release: -force is required to break permit 2 of "`+key+`": nothing changed`+"\n", r.stderr)
 		require.Equal(t, holders(before), holders(locksJSONOf(t, url, key)))
 	})
@@ -235,7 +236,7 @@ func TestCommandsShowWhatAnotherProcessDoes(t *testing.T) {
 		latest := available[len(available)-1]
 		r := pglockCmd(t, nil, "migrate", "status", "-url", url)
 		require.Equal(t, 0, r.code, r.stderr)
-		require.Contains(t, r.stdout, "schema pglock at version "+itoa(int64(latest.Version))+" of "+itoa(int64(latest.Version))+", 0 migrations pending\n")
+		require.Contains(t, afterReached(t, r.stdout, url, "-url"), "schema pglock at version "+itoa(int64(latest.Version))+" of "+itoa(int64(latest.Version))+", 0 migrations pending\n")
 		require.Regexp(t, `(?m)^1\s+locks\s+applied$`, r.stdout)
 		require.Regexp(t, `(?m)^`+itoa(int64(latest.Version))+`\s+`+latest.Name+`\s+applied$`, r.stdout)
 		require.NotRegexp(t, `(?m)^\d+\s+\S+\s+pending$`, r.stdout)
@@ -265,7 +266,7 @@ func TestReleaseForceBreaksTheHolderLock(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	requireFits(t, r.stdout, defaultWidth)
 	require.Regexp(t, `^released "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\. `+
-		`Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(r.stdout))
+		`Its holder's next renewal is refused and the context under the lock cancelled; the next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(afterReached(t, r.stdout, url, "-url")))
 	require.Empty(t, r.stderr)
 
 	// The holder renews every second: its next renewal is refused.
@@ -304,7 +305,7 @@ func TestReleaseForceBreaksAPermit(t *testing.T) {
 	requireFits(t, r.stdout, defaultWidth)
 	require.Regexp(t, `^released permit 2 of "`+regexp.QuoteMeta(key)+`" by force: owner worker-1/\S+, token `+itoa(broken)+`, its lease due to end \S+Z \(in \S+\)\. `+
 		`The semaphore has one more free permit at once; its other permits are untouched\. Its holder's next renewal is refused and the context under the permit cancelled; `+
-		`the permit's next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(r.stdout))
+		`the permit's next acquisition gets a token greater than `+itoa(broken)+`, so the old holder's fenced writes are refused\.$`, unwrap(afterReached(t, r.stdout, url, "-url")))
 	require.Equal(t, "lost "+key+"#2", h.next(t, 3*holderTTL))
 
 	locks := locksJSONOf(t, url, key)
@@ -352,7 +353,7 @@ func TestPruneDeletesOnlyOldEndedLocks(t *testing.T) {
 
 	r := pglockCmd(t, nil, "prune", "-older-than", "1d", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "deleted 0 locks released or expired more than 1d ago\n", r.stdout)
+	require.Equal(t, "deleted 0 locks released or expired more than 1d ago\n", afterReached(t, r.stdout, url, "-url"))
 
 	r = pglockCmd(t, nil, "prune", "-older-than", "0s", "-json", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -374,19 +375,20 @@ func TestMigrateAppliesTheSchemaToAnEmptyDatabase(t *testing.T) {
 	latest := itoa(int64(available[len(available)-1].Version))
 
 	r := pglockCmd(t, nil, "migrate", "status", "-url", url)
-	require.Equal(t, 0, r.code, r.stderr)
-	require.True(t, strings.HasPrefix(r.stdout, "schema pglock not found: "+itoa(int64(len(available)))+" migrations pending\n"), r.stdout)
-	require.Regexp(t, `(?m)^1\s+locks\s+pending$`, r.stdout)
-	require.True(t, strings.HasSuffix(r.stdout, "\nrun `pglock migrate` to apply them\n"), r.stdout)
+	require.Equal(t, exitFailure, r.code, "no schema: exit 1")
+	status := afterReached(t, r.stdout, url, "-url")
+	require.True(t, strings.HasPrefix(status, "schema pglock not found: "+itoa(int64(len(available)))+" migrations pending\n"), r.stdout)
+	require.Regexp(t, `(?m)^1\s+locks\s+pending$`, status)
+	require.Regexp(t, "^pglock: database \"\\w+\" at \\S+: schema pglock not found: run `pglock migrate`\n$", r.stderr)
 	require.False(t, schemaExists(t, url), "status changes nothing")
 
 	r = pglockCmd(t, []string{"DATABASE_URL=" + url}, "migrate")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "migrated schema pglock from version 0 to "+latest+"\n", r.stdout)
+	require.Equal(t, "migrated schema pglock from version 0 to "+latest+"\n", afterReached(t, r.stdout, url, "DATABASE_URL"))
 
 	r = pglockCmd(t, nil, "-url", url, "migrate", "up")
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "schema pglock is up to date: version "+latest+"\n", r.stdout)
+	require.Equal(t, "schema pglock is up to date: version "+latest+"\n", afterReached(t, r.stdout, url, "-url"))
 
 	r = pglockCmd(t, nil, "migrate", "status", "-json", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -406,7 +408,7 @@ func TestMigrateAppliesTheSchemaToAnEmptyDatabase(t *testing.T) {
 
 	r = pglockCmd(t, nil, "locks", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Equal(t, "no locks\n", r.stdout)
+	require.Equal(t, "no locks\n", afterReached(t, r.stdout, url, "-url"))
 }
 
 // TestBadInputSaysWhatIsWrongAndTouchesNothing runs pglock wrongly: each run prints
@@ -495,6 +497,7 @@ func TestBadInputSaysWhatIsWrongAndTouchesNothing(t *testing.T) {
 		{"UnmigratedRelease", []string{"release", "-force", "-url", empty, "k"}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
 		{"UnmigratedReleaseWithoutForce", []string{"release", "-url", empty, "k"}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
 		{"UnmigratedPrune", []string{"prune", "-older-than", "1h", "-url", empty}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
+		{"UnmigratedUI", []string{"ui", "-addr", "127.0.0.1:0", "-url", empty}, exitFailure, `^pglock: database "\w+" at \S+: ` + regexp.QuoteMeta(noSchema) + `$`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := pglockCmd(t, nil, tc.args...)
@@ -547,12 +550,15 @@ func TestLocksWatchRedrawsUntilInterrupted(t *testing.T) {
 		frame func(line string) bool // whether line starts a frame showing the lock
 	}{
 		{"Table", nil, func() func(string) bool {
-			header := false
+			header, named := false, false
+			db := reachedLine(t, url, "-url")
 			return func(line string) bool {
 				switch {
 				case strings.HasPrefix(line, `pglock locks -prefix "`+p+`" at `):
-					header = true
-				case header && strings.HasPrefix(line, p+"watched "):
+					header, named = true, false
+				case header && line == db: // each frame says which database
+					named = true
+				case header && named && strings.HasPrefix(line, p+"watched "):
 					header = false
 					return true
 				}
@@ -652,7 +658,9 @@ func TestUIServesTheConsoleUntilInterrupted(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	sc := bufio.NewScanner(stdout)
 	require.True(t, sc.Scan())
-	m := regexp.MustCompile(`^pglock ui: serving \S+ on (http://127\.0\.0\.1:\d+/) \(Ctrl\+C stops\)$`).FindStringSubmatch(sc.Text())
+	require.Equal(t, reachedLine(t, url, "DATABASE_URL"), sc.Text(), "it says which database it serves first")
+	require.True(t, sc.Scan())
+	m := regexp.MustCompile(`^pglock ui: serving it on (http://127\.0\.0\.1:\d+/) \(Ctrl\+C stops\)$`).FindStringSubmatch(sc.Text())
 	require.NotNil(t, m, sc.Text())
 
 	res, err := http.Get(m[1] + "?prefix=" + p)
@@ -695,7 +703,8 @@ func TestVersionSaysWhatItNeedsAndWhatTheDatabaseHas(t *testing.T) {
 
 	r := pglockCmd(t, nil, "version", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, `^pglock \S+ \(go\S+\)\nschema: version `+latest+`\ndatabase: schema pglock at version `+latest+`\n$`, r.stdout)
+	require.Regexp(t, `^pglock \S+ \(go\S+\)\nschema: version `+latest+`\ndatabase: `+regexp.QuoteMeta(strings.TrimPrefix(reachedLine(t, url, "-url"), "database "))+
+		`: schema pglock at version `+latest+`\n$`, r.stdout)
 
 	r = pglockCmd(t, nil, "version", "-json", "-url", url)
 	require.Equal(t, 0, r.code, r.stderr)
@@ -708,9 +717,11 @@ func TestVersionSaysWhatItNeedsAndWhatTheDatabaseHas(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Regexp(t, `\ndatabase: PostgreSQL unreachable at 127\.0\.0\.1:1: connect: connection refused\n$`, r.stdout)
 
-	r = pglockCmd(t, nil, "version", "-url", unmigratedDatabase(t))
-	require.Equal(t, 0, r.code, r.stderr)
-	require.Regexp(t, "\ndatabase: schema pglock not found: run `pglock migrate`\n$", r.stdout)
+	empty := unmigratedDatabase(t)
+	r = pglockCmd(t, nil, "version", "-url", empty)
+	require.Equal(t, exitFailure, r.code, "no schema: exit 1")
+	require.Regexp(t, `\ndatabase: `+regexp.QuoteMeta(strings.TrimPrefix(reachedLine(t, empty, "-url"), "database "))+`\n$`, r.stdout)
+	require.Regexp(t, "^pglock: database \"\\w+\" at \\S+: schema pglock not found: run `pglock migrate`\n$", r.stderr)
 }
 
 // TestLibpqDefaultsNameTheDatabaseTheyChose: without -url nor DATABASE_URL nor
@@ -758,4 +769,27 @@ func TestReadmeTablesFitTheDefaultWidth(t *testing.T) {
 	for _, block := range regexp.MustCompile("(?s)```text\n(\\$ pglock (?:locks|jobs|release)[^`]*)```").FindAllStringSubmatch(string(readme), -1) {
 		requireFits(t, block[1], defaultWidth)
 	}
+}
+
+// reachedLine is the line that starts a command's output for people: the database at
+// url, reached from from (-url, DATABASE_URL or the libpq defaults), never its password.
+func reachedLine(t *testing.T, url, from string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(url)
+	require.NoError(t, err)
+	if from == "" {
+		from = "the libpq defaults: no -url, no DATABASE_URL"
+	}
+	return fmt.Sprintf("database %q at %s, user %q (from %s)", cfg.Database, where(cfg.Host, cfg.Port), cfg.User, from)
+}
+
+// afterReached checks that out starts with the line naming the database at url,
+// reached from from (wrapped to the width or not), and returns the rest.
+func afterReached(t *testing.T, out, url, from string) string {
+	t.Helper()
+	want := reachedLine(t, url, from)
+	n := min(len(want), len(out))
+	require.Equal(t, want, strings.ReplaceAll(out[:n], "\n", " "), "the start of %q", out)
+	require.True(t, strings.HasPrefix(out[n:], "\n"), "the line naming the database ends: %q", out)
+	return out[n+1:]
 }

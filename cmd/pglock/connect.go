@@ -19,25 +19,31 @@ import (
 type conn struct {
 	e      *env
 	url    string // as given: -url, DATABASE_URL or "" (libpq defaults)
+	from   string // where url came from, for a person
 	pool   *pgxpool.Pool
 	client *pglock.Client
 	where  string // host:port, for messages
 	db     string
+	user   string
 }
 
-// connString is -url, else DATABASE_URL, else "" (the libpq defaults).
-func (e *env) connString() string {
+// connString is -url, else DATABASE_URL, else "" (the libpq defaults), and where it
+// came from.
+func (e *env) connString() (url, from string) {
 	if e.url != "" {
-		return e.url
+		return e.url, "-url"
 	}
-	return e.getenv("DATABASE_URL")
+	if u := e.getenv("DATABASE_URL"); u != "" {
+		return u, "DATABASE_URL"
+	}
+	return "", "the libpq defaults: no -url, no DATABASE_URL"
 }
 
 // connect opens a small pool on the database and pings it within -timeout, so that a
 // server that does not answer is reported as such before any command runs. It
 // creates nothing in the database. Close the conn.
 func (e *env) connect(ctx context.Context) (*conn, error) {
-	url := e.connString()
+	url, from := e.connString()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usageError("the connection string (-url or DATABASE_URL) is not valid: %v", err)
@@ -50,7 +56,8 @@ func (e *env) connect(ctx context.Context) (*conn, error) {
 	if db == "" {
 		db = cfg.ConnConfig.User // as libpq and the server default it
 	}
-	c := &conn{e: e, url: url, where: where(cfg.ConnConfig.Host, cfg.ConnConfig.Port), db: db}
+	c := &conn{e: e, url: url, from: from, where: where(cfg.ConnConfig.Host, cfg.ConnConfig.Port), db: db,
+		user: cfg.ConnConfig.User}
 	c.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: connect to %s: %w", c.where, err)
@@ -78,6 +85,17 @@ func (c *conn) close() {
 		cancel()
 	}
 	c.pool.Close()
+}
+
+// reached says which database c is on, never with the password: the first line of
+// every command's output for people, so that a default is never taken silently.
+func (c *conn) reached() string {
+	return wrap("database "+c.names(), c.e.width)
+}
+
+// names names c's database, server and user, and where they came from.
+func (c *conn) names() string {
+	return fmt.Sprintf("%q at %s, user %q (from %s)", c.db, c.where, c.user, c.from)
 }
 
 // where formats a server's address for messages: host:port, or a Unix socket's path.
@@ -151,8 +169,16 @@ func (c *conn) explain(ctx context.Context, what string, err error) error {
 	return err
 }
 
+// schemaMissing is the error of a command that finds no schema pglock: exit 1.
 func (c *conn) schemaMissing() error {
 	return fmt.Errorf("pglock: database %q at %s: schema pglock not found: run `pglock migrate`", c.db, c.where)
+}
+
+// schemaBehind is the error of a command that finds schema pglock pending migrations
+// of this pglock: exit 1.
+func (c *conn) schemaBehind(pending int) error {
+	return fmt.Errorf("pglock: database %q at %s: schema pglock is %s behind this pglock: run `pglock migrate`",
+		c.db, c.where, plural(pending, "migration"))
 }
 
 // schemaExists reports whether the schema pglock exists; false when that cannot be read.

@@ -23,7 +23,10 @@ before its first run) or with a run history: its last run (when, on which
 instance, how long, the outcome), its last failure, and the ticks it skipped by
 reason. With JOB (the job's key, which GocronOptions(job.Key()) makes its gocron
 name too), it lists that job's last runs, newest first, its skipped ticks by
-instance, and the instances that registered it.
+instance, and the instances that registered it, each in a state: live (its client
+is open: seen within the last 6 minutes, as a refresh is due every 5), closed (its
+client was closed) or gone (neither: its process died or was killed, or it lost
+the database).
 
 Outcomes: ok, error, panicked, lost (the lock was lost mid-run). Skip reasons:
 other-instance (another instance owns the job: OnOneInstance), run-in-progress (a
@@ -75,6 +78,7 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 			}
 			return writeJSON(e.stdout, out, false)
 		}
+		fmt.Fprintln(e.stdout, c.reached())
 		printJobs(e.stdout, jobs, now, e.width)
 		return nil
 	}
@@ -103,6 +107,7 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 		}
 		return writeJSON(e.stdout, out, false)
 	}
+	fmt.Fprintln(e.stdout, c.reached())
 	printRuns(e.stdout, runs, status, now, e.width)
 	return nil
 }
@@ -197,9 +202,9 @@ func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.T
 	}
 	if len(j.Registrations) > 0 {
 		fmt.Fprintln(w)
-		t := newTable(w, width, "REGISTERED ON", "REGISTERED", "LAST SEEN").clip(0, 12)
+		t := newTable(w, width, "REGISTERED ON", "STATE", "REGISTERED", "LAST SEEN").clip(0, 12)
 		for _, r := range j.Registrations {
-			t.row(text(r.Instance), relative(r.Registered.Sub(now)), relative(r.Seen.Sub(now)))
+			t.row(text(r.Instance), string(r.State), relative(r.Registered.Sub(now)), relative(r.Seen.Sub(now)))
 		}
 		t.flush()
 	}
@@ -242,14 +247,15 @@ func skipsJSON(skips []pglock.JobSkips) []skipJSON {
 // registrationJSON is a job's registration by an instance.
 type registrationJSON struct {
 	Instance   string    `json:"instance"`
+	State      string    `json:"state"` // live, closed or gone
 	Registered time.Time `json:"registered"`
-	Seen       time.Time `json:"seen"`
+	Seen       time.Time `json:"seen"` // its last refresh, or its close
 }
 
 func registrationsJSON(regs []pglock.Registration) []registrationJSON {
 	out := make([]registrationJSON, len(regs))
 	for i, r := range regs {
-		out[i] = registrationJSON{Instance: r.Instance, Registered: r.Registered.UTC(), Seen: r.Seen.UTC()}
+		out[i] = registrationJSON{Instance: r.Instance, State: string(r.State), Registered: r.Registered.UTC(), Seen: r.Seen.UTC()}
 	}
 	return out
 }

@@ -63,6 +63,7 @@ func runLocks(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 		if *asJSON {
 			return writeJSON(e.stdout, locksJSON(locks), false)
 		}
+		fmt.Fprintln(e.stdout, c.reached())
 		printLocks(e.stdout, locks, *prefix, e.width)
 		return nil
 	}
@@ -101,7 +102,8 @@ func (c *conn) watchLocks(ctx context.Context, prefix string, asJSON bool) error
 			if c.e.terminal {
 				frame.WriteString("\x1b[H\x1b[2J") // home, clear the screen
 			}
-			fmt.Fprintf(&frame, "pglock locks%s at %s: every 1s, Ctrl+C to stop\n\n", prefixNote(prefix), stamp(time.Now()))
+			fmt.Fprintf(&frame, "pglock locks%s at %s: every 1s, Ctrl+C to stop\n%s\n\n", prefixNote(prefix),
+				stamp(time.Now()), c.reached())
 			if err != nil {
 				fmt.Fprintln(&frame, err)
 			} else {
@@ -270,6 +272,7 @@ func runRelease(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	if *asJSON {
 		return writeJSON(e.stdout, releaseJSON{Released: true, Lock: toLockJSON(info)}, false)
 	}
+	fmt.Fprintln(e.stdout, c.reached())
 	fmt.Fprintln(e.stdout, wrap(fmt.Sprintf("released %s by force: owner %s, token %d, its lease due to end %s (%s).",
 		t, text(info.Owner), info.Token, stamp(info.ExpiresAt), relative(info.ExpiresIn)), e.width))
 	if t.permit > 0 {
@@ -374,6 +377,7 @@ func (c *conn) wouldRelease(ctx context.Context, t releaseTarget, asJSON bool) e
 				return err
 			}
 		} else {
+			fmt.Fprintln(c.e.stdout, c.reached())
 			fmt.Fprintln(c.e.stdout, wrap(fmt.Sprintf("would release %s: owner %s, token %d, its lease due to end %s (%s)",
 				t, text(l.Owner), l.Token, stamp(l.ExpiresAt), relative(l.ExpiresIn)), c.e.width))
 		}

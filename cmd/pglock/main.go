@@ -4,8 +4,13 @@
 //
 //	go run github.com/pgfence/pglock/cmd/pglock@latest locks -prefix orders:
 //
-// It connects with -url, else DATABASE_URL, else the libpq defaults. Output is for
-// people by default and JSON with -json. `pglock -h` lists the commands and the exit
+// @latest builds the published version, outside any module: a replace directive
+// does not apply. From a module that requires pglock, run it without a version (go
+// run github.com/pgfence/pglock/cmd/pglock); in a checkout, go run ./cmd/pglock.
+//
+// It connects with -url, else DATABASE_URL, else the libpq defaults, and its output
+// for people starts with the database it reached. Output is for people by default and
+// JSON with -json. `pglock -h` lists the commands and the exit
 // codes; `pglock <command> -h` shows a command's flags and an example.
 package main
 
@@ -214,6 +219,7 @@ func (e *env) usage(w io.Writer) {
 Usage:
   pglock [-url URL] [-timeout D] <command> [flags] [arguments]
   go run github.com/pgfence/pglock/cmd/pglock@latest <command> ...
+  go run ./cmd/pglock <command> ...   (in a checkout; @latest ignores a replace)
 
 Commands:
 `)
@@ -229,12 +235,14 @@ Connection (every command but sql; before or after the command's name):
                each statement of locks, jobs and release; migrate and prune run
                until they are done or Ctrl+C
 
-Output is for people; -json prints JSON for scripts. Times are in UTC, on the
-database's clock.
+Output is for people, its first line the database reached (name, host:port,
+user, and where they came from); -json prints JSON for scripts. Times are in
+UTC, on the database's clock.
 
 Exit codes:
   0  ok
-  1  failure: PostgreSQL unreachable, schema pglock missing, a statement failed
+  1  failure: PostgreSQL unreachable, schema pglock missing (or behind, for
+     version and migrate status), a statement failed
   2  bad usage: an unknown command or flag, a missing argument, release
      without -force (nothing is changed)
   3  not found: release of a key nobody holds, jobs JOB neither registered

@@ -29,9 +29,10 @@ import (
 // The test binary re-executed with these variables set is a holder: another process
 // that holds locks and runs jobs in the database while the tests run the CLI.
 const (
-	holderEnv       = "PGLOCK_CLI_TEST_HOLDER" // the database URL
-	holderPrefixEnv = "PGLOCK_CLI_TEST_PREFIX" // the prefix of its keys
-	holderTTLEnv    = "PGLOCK_CLI_TEST_TTL"    // its ttl, holderTTL when unset (for a run by hand)
+	holderEnv       = "PGLOCK_CLI_TEST_HOLDER"     // the database URL
+	holderPrefixEnv = "PGLOCK_CLI_TEST_PREFIX"     // the prefix of its keys
+	holderTTLEnv    = "PGLOCK_CLI_TEST_TTL"        // its ttl, holderTTL when unset (for a run by hand)
+	registrantEnv   = "PGLOCK_CLI_TEST_REGISTRANT" // the database URL of a registrant, which registers a job and waits to be killed
 )
 
 // binary is the pglock command, built once by TestMain.
@@ -40,6 +41,13 @@ var binary string
 // TestMain builds the pglock command into a temporary directory for the tests to run
 // as a user would, or acts as a holder process when re-executed as one.
 func TestMain(m *testing.M) {
+	if url := os.Getenv(registrantEnv); url != "" {
+		if err := runRegistrant(url, os.Getenv(holderPrefixEnv)); err != nil {
+			fmt.Fprintln(os.Stderr, "registrant:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if url := os.Getenv(holderEnv); url != "" {
 		if err := runHolder(url, os.Getenv(holderPrefixEnv)); err != nil {
 			fmt.Fprintln(os.Stderr, "holder:", err)
@@ -235,6 +243,52 @@ func runHolder(url, prefix string) error {
 	say("ready")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
+}
+
+// runRegistrant is an instance named "killed" that registers the job <prefix>reconcile,
+// prints "ready" once the registration is written, and waits until stdin closes or
+// it is killed.
+func runRegistrant(url, prefix string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c, err := pglock.New(pool, pglock.WithInstanceName("killed"), pglock.WithoutListener())
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	if _, err := c.Job(prefix+"reconcile", func(context.Context) error { return nil }, pglock.OnOneInstance()); err != nil {
+		return err
+	}
+	poll := time.NewTicker(10 * time.Millisecond) // the registration is written in the background
+	defer poll.Stop()
+	for !registeredBy(ctx, c, prefix+"reconcile", "killed") {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the registration was not written: %w", ctx.Err())
+		case <-poll.C:
+		}
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// registeredBy reports whether instance's registration of job is listed.
+func registeredBy(ctx context.Context, c *pglock.Client, job, instance string) bool {
+	jobs, _ := c.JobStatuses(ctx)
+	for _, j := range jobs {
+		for _, r := range j.Registrations {
+			if j.Job == job && r.Instance == instance {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // recorded reports whether jobs holds the holder's runs and its skip.

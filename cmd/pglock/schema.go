@@ -25,7 +25,7 @@ Migrate up (the default) brings schema pglock up to date with this pglock's
 migrations, with golang-migrate, keeping its bookkeeping in
 pglock.schema_migrations; it is what pglock.Migrate does, and it is safe to run
 from many places at once. Migrate status lists the migrations, applied or pending,
-and changes nothing.
+and changes nothing; it exits 1 while some are pending (no schema pglock included).
 
 The role needs CREATE on the database the first time. 'pglock sql' prints the
 schema as one script that creates it.`,
@@ -73,10 +73,16 @@ func runMigrate(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 				return err
 			}
 		} else {
+			fmt.Fprintln(e.stdout, c.reached())
 			st.print(e)
 		}
-		if before.Dirty {
+		switch {
+		case before.Dirty:
 			return fmt.Errorf("pglock: migrate status: migration %d is dirty: it failed half-way; fix the schema by hand, then set pglock.schema_migrations' version", before.Version)
+		case !before.Exists:
+			return c.schemaMissing()
+		case before.Bookkeeping && st.pending() > 0:
+			return c.schemaBehind(st.pending())
 		}
 		return nil
 	}
@@ -93,6 +99,7 @@ func runMigrate(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 	if *asJSON {
 		return writeJSON(e.stdout, map[string]any{"from": before.Version, "to": after.Version}, false)
 	}
+	fmt.Fprintln(e.stdout, c.reached())
 	if before.Version == after.Version {
 		fmt.Fprintf(e.stdout, "schema pglock is up to date: version %d\n", after.Version)
 	} else {
@@ -205,9 +212,6 @@ func (s status) print(e *env) {
 		t.row(strconv.FormatUint(uint64(m.Version), 10), m.Name, state)
 	}
 	t.flush()
-	if s.pending() > 0 && !s.Schema.Dirty {
-		fmt.Fprintln(w, "\nrun `pglock migrate` to apply them")
-	}
 }
 
 func (s status) json() any {
@@ -301,6 +305,7 @@ func runPrune(ctx context.Context, e *env, fs *flag.FlagSet, args []string) erro
 	if *asJSON {
 		return writeJSON(e.stdout, map[string]any{"deleted": n, "older_than_seconds": olderThan.d.Seconds()}, false)
 	}
+	fmt.Fprintln(e.stdout, c.reached())
 	fmt.Fprintf(e.stdout, "deleted %s released or expired more than %s ago\n", plural(int(n), "lock"), olderThan.String())
 	return nil
 }

@@ -25,7 +25,9 @@ authentication of its own: it listens on the loopback interface by default, and
 force-release and prune are off unless -actions is given. To serve it to others,
 mount pglockui in your application, behind its authentication.
 
-It runs until Ctrl+C or SIGTERM, then stops within -timeout.`,
+It says which database it serves first. A database without schema pglock exits 1
+('pglock migrate' makes it). It runs until Ctrl+C or SIGTERM, then stops within
+-timeout.`,
 	example: `
 pglock ui -addr :8080
 DATABASE_URL=postgres://ops@db.internal/shop pglock ui -actions`,
@@ -48,6 +50,11 @@ func runUI(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 		return err
 	}
 	defer c.close()
+	if st, err := c.schemaVersion(ctx); err != nil {
+		return err
+	} else if !st.Exists { // else each page would say it
+		return c.schemaMissing()
+	}
 	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
 	opts := []pglockui.Option{pglockui.WithLogger(logger)}
 	if *actions {
@@ -62,7 +69,7 @@ func runUI(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error {
 		return usageError("ui: -addr %s: %v", *addr, err)
 	}
 	srv := &http.Server{Handler: console, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(e.stdout, "pglock ui: serving %s on http://%s/ (Ctrl+C stops)\n", c.where, ln.Addr())
+	fmt.Fprintf(e.stdout, "%s\npglock ui: serving it on http://%s/ (Ctrl+C stops)\n", c.reached(), ln.Addr())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	select {

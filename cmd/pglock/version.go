@@ -17,7 +17,8 @@ Version prints the version of the pglock module this command was built from (as 
 install records it; "(devel)" for a build of a checkout), the schema version its
 migrations bring the database to, and, when the database answers within -timeout,
 the version schema pglock has there. A database that does not answer is reported,
-not an error: version exits 0.`,
+not an error: version exits 0. A database without schema pglock, or with one older
+than this pglock, exits 1: run 'pglock migrate'.`,
 	example: `
 pglock version
 pglock version -json | jq .database_schema`,
@@ -58,37 +59,44 @@ func runVersion(ctx context.Context, e *env, fs *flag.FlagSet, args []string) er
 		}
 	}
 	v.Schema = available[len(available)-1].Version
-	database := "unknown"
+	database, fail := "unknown", error(nil)
 	if c, err := e.connect(ctx); err != nil {
 		v.DatabaseError = err.Error()
 		database = strings.TrimPrefix(err.Error(), "pglock: ")
 	} else {
 		st, err := c.schemaVersion(ctx)
 		c.close()
+		database = c.names()
 		switch {
 		case err != nil:
 			v.DatabaseError = err.Error()
-			database = strings.TrimPrefix(err.Error(), "pglock: ")
+			database += ": " + strings.TrimPrefix(err.Error(), "pglock: ")
 		case !st.Exists:
-			database = "schema pglock not found: run `pglock migrate`"
+			fail = c.schemaMissing()
 		case !st.Bookkeeping:
-			database = "schema pglock without pglock.schema_migrations (made by hand, or by the sql/pglock.sql of an older pglock): run `pglock migrate`"
+			database += ": schema pglock without pglock.schema_migrations (made by hand, or by the sql/pglock.sql of an older pglock): run `pglock migrate`"
 		default:
 			v.DatabaseSchema = &st.Version
-			database = fmt.Sprintf("schema pglock at version %d", st.Version)
+			database += fmt.Sprintf(": schema pglock at version %d", st.Version)
 			switch {
 			case st.Dirty:
 				database += " (dirty: it failed half-way)"
 			case st.Version < v.Schema:
-				database += ": run `pglock migrate`"
+				fail = c.schemaBehind(status{Schema: st, Migrations: available}.pending())
 			case st.Version > v.Schema:
 				database += ": newer than this pglock"
 			}
 		}
+		if fail != nil {
+			v.DatabaseError = fail.Error()
+		}
 	}
 	if *asJSON {
-		return writeJSON(e.stdout, v, false)
+		if err := writeJSON(e.stdout, v, false); err != nil {
+			return err
+		}
+		return fail
 	}
 	fmt.Fprintf(e.stdout, "pglock %s (%s)\nschema: version %d\ndatabase: %s\n", v.Module, v.Go, v.Schema, database)
-	return nil
+	return fail
 }

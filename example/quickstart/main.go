@@ -2,9 +2,9 @@
 // contend for a lock, one waits for the other's release, and a paused instance loses
 // its lock to the other and has its late write refused by the fencing token.
 //
-// It finds a PostgreSQL server with internal/devdb (DATABASE_URL, else the libpq
-// defaults, else an embedded PostgreSQL), works in a database of its own
-// (pglock_quickstart, created if missing), and migrates the pglock schema there.
+// It finds a PostgreSQL server with pglockdev (DATABASE_URL, else the libpq defaults,
+// else an embedded PostgreSQL: for local development only), works in a database of its
+// own (pglock_quickstart, created if missing), and migrates the pglock schema there.
 package main
 
 import (
@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock"
-	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/pglockdev"
 )
 
 const database = "pglock_quickstart"
@@ -34,13 +34,13 @@ func main() {
 }
 
 func run(ctx context.Context) error {
-	srv, err := devdb.Find(ctx, "DATABASE_URL")
+	srv, err := pglockdev.Find(ctx, "DATABASE_URL")
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	fmt.Printf("PostgreSQL: %s\n", srv.How)
-	url, err := devdb.EnsureDatabase(ctx, srv.URL, database)
+	url, err := srv.Database(ctx, database)
 	if err != nil {
 		return err
 	}

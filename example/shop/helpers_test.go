@@ -1,6 +1,7 @@
 package shop_test
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"slices"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -82,7 +82,22 @@ func (w *world) kibble(t *testing.T) int {
 }
 
 // logs is the instances' log, in slog's text format, safe for concurrent use.
-type logs struct{ testkit.LogBuffer }
+type logs struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
 
 func (l *logs) logger(instance string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})).With(slog.String("instance", instance))

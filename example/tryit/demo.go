@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/pglockdev"
 )
 
 // adminToken is the demo instances' admin token.
@@ -55,18 +55,16 @@ func newDemo(ctx context.Context, o options, w io.Writer) (_ *demo, err error) {
 			d.close()
 		}
 	}()
-	serverURL, how := o.serverURL, "the server in DATABASE_URL"
-	if serverURL == "" {
-		srv, err := devdb.Find(ctx, "DATABASE_URL")
-		if err != nil {
+	srv := &pglockdev.Server{URL: o.serverURL, How: "the server in DATABASE_URL"}
+	if o.serverURL == "" {
+		if srv, err = pglockdev.Find(ctx, "DATABASE_URL"); err != nil {
 			return nil, err
 		}
 		d.closers = append(d.closers, func() { _ = srv.Stop() })
-		serverURL, how = srv.URL, srv.How
 	}
 	d.out.say("PostgreSQL: %s.\nThe demo works in its database there, %s; the instances get its URL in DATABASE_URL.",
-		how, o.database)
-	if d.dbURL, err = devdb.EnsureDatabase(ctx, serverURL, o.database); err != nil {
+		srv.How, o.database)
+	if d.dbURL, err = srv.Database(ctx, o.database); err != nil {
 		return nil, err
 	}
 	if err := pglock.Migrate(ctx, d.dbURL); err != nil {

@@ -23,9 +23,9 @@
 // pids, and the commands for the tutorial's steps by hand (the locks table, two
 // exports, kill -9 the one that runs both, psql), and keeps them running until Ctrl+C.
 //
-// It finds PostgreSQL with internal/devdb (DATABASE_URL, else the libpq defaults if a
-// server answers, else an embedded PostgreSQL; offline, PGLOCK_POSTGRES_BINARIES names
-// local binaries), and works in a database of its own there, pglock_shop_demo, created
+// It finds PostgreSQL with pglockdev (DATABASE_URL, else the libpq defaults if a server
+// answers, else an embedded PostgreSQL; offline, PGLOCK_POSTGRES_BINARIES names local
+// binaries), and works in a database of its own there, pglock_shop_demo, created
 // if missing, whose URL it gives the instances in DATABASE_URL: it resets the shop's
 // orders and products there, and never creates, drops or truncates anything in another
 // database. It needs the go command, to build the shop once.
@@ -44,7 +44,7 @@ import (
 
 // options are tryit's flags.
 type options struct {
-	serverURL  string        // a server to use; "" finds one with devdb
+	serverURL  string        // a server to use; "" finds one with pglockdev
 	database   string        // the demo's own database on it
 	ttl        time.Duration // the shop's lock ttl
 	every      time.Duration // the reconciliation's interval: whole seconds, 1 to 59

@@ -11,6 +11,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -18,9 +19,26 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
+
+// outBuffer is what run writes, read back while it runs: safe for concurrent use.
+type outBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (o *outBuffer) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+func (o *outBuffer) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
 
 // freePorts returns a port p such that p, p+1 and p+2 were free a moment ago. They are
 // below the kernel's ephemeral range, from which outgoing connections (every test's
@@ -68,7 +86,7 @@ func TestTryItWalksTheStory(t *testing.T) {
 	t.Parallel()
 	var (
 		o    options
-		out  *testkit.LogBuffer
+		out  *outBuffer
 		kept string
 		ok   bool
 		err  error
@@ -108,12 +126,12 @@ func TestTryItWalksTheStory(t *testing.T) {
 
 // walk runs the story with -keep on free ports and a database of its own, and returns
 // its options, its output, what the kept instances answered, and run's results.
-func walk(t *testing.T) (o options, out *testkit.LogBuffer, kept string, ok bool, err error) {
+func walk(t *testing.T) (o options, out *outBuffer, kept string, ok bool, err error) {
 	t.Helper()
 	dbURL := pglocktest.PostgresURL(t)
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	out = &testkit.LogBuffer{}
+	out = &outBuffer{}
 	o = options{serverURL: dbURL, database: strings.TrimPrefix(u.Path, "/"), ttl: 3 * time.Second, every: 2 * time.Second,
 		basePort: freePorts(t), keep: true, buildFlags: raceFlags}
 	ctx, cancel := context.WithCancel(t.Context())
@@ -164,7 +182,7 @@ func TestTryItRefusesBadFlagsBeforeDoingAnything(t *testing.T) {
 		{ttl: 30 * time.Second, every: 0},
 		{ttl: time.Millisecond, every: 10 * time.Second},
 	} {
-		var out testkit.LogBuffer
+		var out outBuffer
 		ok, err := run(t.Context(), o, &out)
 		require.Error(t, err, "%+v", o)
 		require.False(t, ok)

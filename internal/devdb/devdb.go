@@ -10,9 +10,9 @@
 //
 // Then EnsureDatabase gives a program a database of its own on that server.
 //
-// It is internal, not an example, because pglocktest, a public package, depends on it.
-// It is for development only. A deployed program is given its URL (pgxpool.New with
-// DATABASE_URL) and never starts a server: copy the examples without this package.
+// Programs outside the module (the examples, which users copy) reach it through
+// package pglockdev, its small public face; pglocktest and the module's own tests use it
+// directly. It is for development only: a deployed program is given its URL.
 package devdb
 
 import (

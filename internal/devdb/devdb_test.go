@@ -2,8 +2,6 @@ package devdb_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"os"
 	"strconv"
@@ -16,7 +14,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgfence/pglock/internal/devdb"
-	"github.com/pgfence/pglock/pglocktest"
 )
 
 func TestFindTakesTheVariableFirst(t *testing.T) {
@@ -119,34 +116,6 @@ func TestURLsKeepTheServerAndNameTheDatabase(t *testing.T) {
 				[]any{back.Host, back.Port, back.User, back.Password, back.Database})
 		})
 	}
-}
-
-func TestEnsureDatabaseCreatesItOnce(t *testing.T) {
-	t.Parallel()
-	serverURL := pglocktest.PostgresURL(t) // any database on the tests' server
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "devdb_test_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), serverURL)
-		require.NoError(t, err)
-		defer conn.Close(context.Background())
-		_, err = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		require.NoError(t, err)
-	})
-	first, err := devdb.EnsureDatabase(ctx, serverURL, name)
-	require.NoError(t, err)
-	again, err := devdb.EnsureDatabase(ctx, serverURL, name)
-	require.NoError(t, err, "it exists: not an error")
-	require.Equal(t, first, again)
-	conn, err := pgx.Connect(ctx, first)
-	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
-	var current string
-	require.NoError(t, conn.QueryRow(ctx, "SELECT current_database()").Scan(&current))
-	require.Equal(t, name, current)
 }
 
 func TestMain(m *testing.M) {

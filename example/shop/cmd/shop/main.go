@@ -18,13 +18,13 @@
 //	-accounting-delay           ACCOUNTING_DELAY           how long the fake accounting takes per upload (0s)
 //	-log-level                  LOG_LEVEL                  debug shows the skipped ticks (info)
 //
-// Without a database URL it finds a server as internal/devdb does: the one the libpq
-// defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if one answers, else an
-// embedded PostgreSQL it starts (downloaded once; offline, point
-// PGLOCK_POSTGRES_BINARIES at a directory with PostgreSQL's bin/, lib/ and share/), and
-// works in a database of its own there, pglock_shop, created if missing. It logs which
-// database and server it uses. Several instances must share
-// one database: give them the same DATABASE_URL.
+// Without a database URL it finds a server with pglockdev (for local development only:
+// a deployed shop is given DATABASE_URL): the one the libpq defaults reach (PGHOST,
+// PGPORT, PGUSER, the local socket) if one answers, else an embedded PostgreSQL it
+// starts (downloaded once; offline, point PGLOCK_POSTGRES_BINARIES at a directory with
+// PostgreSQL's bin/, lib/ and share/), and works in a database of its own there,
+// pglock_shop, created if missing. It logs which database and server it uses. Several
+// instances must share one database: give them the same DATABASE_URL.
 //
 // At start it migrates pglock's schema and the shop's tables and inserts the seed data
 // that is missing. On SIGINT or SIGTERM it shuts down in this order: the HTTP server
@@ -53,7 +53,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/pglockdev"
 )
 
 // ownDatabase is the database the shop works in when no URL names one.
@@ -260,21 +260,21 @@ type closer struct {
 }
 
 // database returns the URL of the shop's database: the one configured, else its own
-// database on the server devdb finds, which it may have to start (and adds to closers
-// to stop). It logs which, in the words of devdb.Server.How.
+// database on the server pglockdev finds, which it may have to start (and adds to
+// closers to stop). It logs which, in the words of pglockdev.Server.How.
 func database(ctx context.Context, cfg config, logger *slog.Logger, closers *[]closer) (string, error) {
 	if url := cfg.databaseURL; url != "" {
 		logger.Info("shop: database", slog.String("name", databaseName(url)),
 			slog.String("server", "the server in "+cfg.databaseFrom))
 		return url, nil
 	}
-	srv, err := devdb.Find(ctx, "DATABASE_URL")
+	srv, err := pglockdev.Find(ctx, "DATABASE_URL")
 	if err != nil {
 		return "", err
 	}
 	*closers = append(*closers, closer{"embedded postgres", func(context.Context) error { return srv.Stop() }})
 	logger.Info("shop: database", slog.String("name", ownDatabase), slog.String("server", srv.How))
-	return devdb.EnsureDatabase(ctx, srv.URL, ownDatabase)
+	return srv.Database(ctx, ownDatabase)
 }
 
 // databaseName returns the database a URL names, for a log line that must not show
