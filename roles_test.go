@@ -345,7 +345,6 @@ func TestRoleGrantsAreTheReadmes(t *testing.T) {
 var internalHelpers = []string{
 	"pglock.fencing_token_next()",
 	"pglock.lock_take(text,text,bigint)",
-	"pglock.locks_set_acquired_at()",
 	"pglock.queue_grant(text)",
 	"pglock.sem_grant(text,text)",
 	"pglock.sem_live(text)",
@@ -353,6 +352,7 @@ var internalHelpers = []string{
 	"pglock.sem_take(text,text,bigint,integer)",
 	"pglock.sem_waiting(text,bigint)",
 	"pglock.lock_release_key(text,text)",
+	"pglock.lock_release_slow(text,text)",
 	"pglock.sem_release_permits(text,text[],text[])",
 	"pglock.lock_refuse(text,text,text,text)",
 }

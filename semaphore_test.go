@@ -36,7 +36,7 @@ func liveHolders(t testing.TB, pool *pgxpool.Pool, key string) int {
 	t.Helper()
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM pglock.locks
-		WHERE semaphore = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()`, key).Scan(&n))
+		WHERE key LIKE $1 || chr(31) || '%' AND owner IS NOT NULL AND expires_at > clock_timestamp()`, key).Scan(&n))
 	return n
 }
 

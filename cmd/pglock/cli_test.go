@@ -652,7 +652,7 @@ func TestUIServesTheConsoleUntilInterrupted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, "ui", "-addr", "127.0.0.1:0")
-	cmd.Env = append(withoutDatabaseURL(os.Environ()), "DATABASE_URL="+url)
+	cmd.Env = append(withoutDatabaseURL(os.Environ()), "DATABASE_URL="+url, "COLUMNS=300") // its first line unwrapped
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())

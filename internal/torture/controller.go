@@ -685,7 +685,7 @@ func (c *controller) inject(ctx context.Context, kind string, s *slot) (Fault, e
 func (c *controller) holder(ctx context.Context) *slot {
 	for range 20 { // a key is almost always held; between two holders, look again
 		rows, err := c.pool.Query(ctx, `SELECT owner FROM pglock.locks
-			WHERE (key LIKE 'k%' OR semaphore IS NOT NULL) AND owner IS NOT NULL AND expires_at > clock_timestamp() ORDER BY key`)
+			WHERE (key LIKE 'k%' OR strpos(key, chr(31)) > 0) AND owner IS NOT NULL AND expires_at > clock_timestamp() ORDER BY key`)
 		if err != nil {
 			return nil
 		}

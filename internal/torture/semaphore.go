@@ -86,7 +86,8 @@ DECLARE
     candidate integer;
 BEGIN
     SELECT count(*) INTO live FROM pglock.locks l
-    WHERE l.semaphore = sem_acquire.key AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp();
+    WHERE strpos(l.key, chr(31)) > 0 AND split_part(l.key, chr(31), 1) = sem_acquire.key
+      AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp();
     IF live >= sem_acquire.permits THEN
         RETURN;
     END IF;
@@ -99,7 +100,7 @@ BEGIN
               AND l.owner IS NOT NULL AND l.expires_at > clock_timestamp())
         ORDER BY g.i
     LOOP
-        sem_acquire.fencing_token := pglock.lock_acquire(sem_acquire.key || chr(31) || candidate,
+        sem_acquire.fencing_token := pglock.lock_take(sem_acquire.key || chr(31) || candidate,
             sem_acquire.owner, sem_acquire.ttl_ms);
         IF sem_acquire.fencing_token IS NOT NULL THEN
             sem_acquire.permit := candidate;
