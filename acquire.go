@@ -342,8 +342,10 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 		c.reconfirm(sentAt)
 	}
 	c.renewals.warmSoon(ttl)
-	c.logger.Debug("pglock: acquired lock", slog.String("key", key), slog.Int("permit", permit),
-		slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
+	if c.logger.Enabled(context.Background(), slog.LevelDebug) { // its attributes cost allocations
+		c.logger.LogAttrs(context.Background(), slog.LevelDebug, "pglock: acquired lock", slog.String("key", key),
+			slog.Int("permit", permit), slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
+	}
 	c.events.emit(Event{Type: EventAcquired, Key: key, Permit: permit, Permits: t.permits, Owner: owner, Token: token,
 		Wait: repliedAt.Sub(start), Duration: repliedAt.Sub(sentAt), Time: repliedAt})
 	return l, nil

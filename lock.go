@@ -103,8 +103,10 @@ func (l *Lock) Release(ctx context.Context) error {
 		case !ok && (!unsure || !live):
 			err = &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
 		default:
-			c.logger.Debug("pglock: released lock", slog.String("key", l.key), slog.Int("permit", l.permit),
-				slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
+			if c.logger.Enabled(context.Background(), slog.LevelDebug) { // its attributes cost allocations
+				c.logger.LogAttrs(context.Background(), slog.LevelDebug, "pglock: released lock", slog.String("key", l.key),
+					slog.Int("permit", l.permit), slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
+			}
 			c.emit(EventReleased, l.key, l, "", nil)
 		}
 	}

@@ -167,31 +167,29 @@ func (r *renewals) warm() {
 	}
 }
 
-// with calls f with a store for one renewal call: one on an idle connection of the
-// application's pool, taken at once; else on the first connection that the own pool or
-// the application's hands out (firstConn): the call may wait for a connection of its
-// own to start or to come back from another renewal, never behind the application.
+// with calls f with a store for one renewal call: the application's pool while it has
+// an idle connection (which it hands out at once, unless the application takes the last
+// one in between); else the first connection that the own pool or the application's
+// hands out (firstConn): the call may wait for a connection of its own to start or to
+// come back from another renewal, never behind the application's use of a busy pool.
 // The first call that finds no idle connection before warmSoon's time makes the own
-// pool.
+// pool. (Taking every idle connection to keep one, as AcquireAllIdle does, cost each
+// release a few microseconds per connection of the pool, and held up the application's
+// calls meanwhile.)
 func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
-	var conn *pgxpool.Conn
-	if idle := r.pool.AcquireAllIdle(ctx); len(idle) > 0 {
-		for _, c := range idle[1:] {
-			c.Release()
-		}
-		conn = idle[0]
-	} else {
-		r.warm() // now, if warmSoon has not yet
-		r.mu.Lock()
-		own := r.own
-		r.mu.Unlock()
-		if own == nil { // closed, or no pool could be made
-			return f(r.shared)
-		}
-		var err error
-		if conn, err = firstConn(ctx, own, r.pool); err != nil {
-			return fmt.Errorf("pglock: no connection for the call: %w", err)
-		}
+	if r.pool.Stat().IdleConns() > 0 {
+		return f(r.shared)
+	}
+	r.warm() // now, if warmSoon has not yet
+	r.mu.Lock()
+	own := r.own
+	r.mu.Unlock()
+	if own == nil { // closed, or no pool could be made
+		return f(r.shared)
+	}
+	conn, err := firstConn(ctx, own, r.pool)
+	if err != nil {
+		return fmt.Errorf("pglock: no connection for the call: %w", err)
 	}
 	defer conn.Release()
 	return f(pgxStore(&pgxCalls{db: conn.Conn(), pooled: r.shared.pgx.pooled}))
