@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -639,6 +640,72 @@ func TestLosingAcquireWritesNoWAL(t *testing.T) {
 
 	require.Equal(t, versionBefore, rowVersion(), "the held row was locked or rewritten")
 	require.NoError(t, held.Release(ctx))
+}
+
+// TestACycleWritesNoMoreWALThanTheSeed: an acquisition and a release of a key nobody
+// else holds (lock_acquire, lock_release_async, what a Client sends) write no more WAL
+// records than the tutorial's own lease SQL (seedSQL's INSERT ... ON CONFLICT and
+// UPDATE) on a table like pglock's, and at most a fifth more bytes: pglock's row also
+// records when the lease began and its ttl (at the acquisition), and when it ended (at
+// the release), which Locks, Prune and the console read. The medians of 40 cycles of
+// each, taking turns, each statement in a transaction of its own, as EXPLAIN (ANALYZE,
+// WAL) counts it.
+func TestACycleWritesNoMoreWALThanTheSeed(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	_, err := pool.Exec(ctx, `CREATE TABLE seed_locks (key text PRIMARY KEY, owner text, fencing_token bigint NOT NULL,
+		expires_at timestamptz NOT NULL) WITH (fillfactor = 50); CREATE SEQUENCE seed_locks_token_seq`)
+	require.NoError(t, err)
+	type wal struct{ records, bytes int64 }
+	explain := func(sql string, args ...any) wal {
+		var out []byte
+		require.NoError(t, pool.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+sql, args...).Scan(&out))
+		var plan []struct {
+			Plan struct {
+				Records int64 `json:"WAL Records"`
+				Bytes   int64 `json:"WAL Bytes"`
+			}
+		}
+		require.NoError(t, json.Unmarshal(out, &plan))
+		return wal{plan[0].Plan.Records, plan[0].Plan.Bytes}
+	}
+	cycles := map[string]func(i int) wal{
+		"pglock": func(i int) wal {
+			a := explain("SELECT pglock.lock_acquire('wal', $1, 60000)", "o"+strconv.Itoa(i))
+			r := explain("SELECT pglock.lock_release_async('wal', $1)", "o"+strconv.Itoa(i))
+			return wal{a.records + r.records, a.bytes + r.bytes}
+		},
+		"seed": func(i int) wal {
+			a := explain(`INSERT INTO seed_locks (key, owner, fencing_token, expires_at)
+				VALUES ('wal', $1, nextval('seed_locks_token_seq'), clock_timestamp() + 60000 * interval '1 millisecond')
+				ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner,
+					fencing_token = greatest(nextval('seed_locks_token_seq'), seed_locks.fencing_token + 1),
+					expires_at = clock_timestamp() + 60000 * interval '1 millisecond'
+				WHERE seed_locks.owner IS NULL OR seed_locks.expires_at <= clock_timestamp()
+				RETURNING fencing_token`, "o"+strconv.Itoa(i))
+			r := explain(`UPDATE seed_locks SET owner = NULL WHERE key = 'wal' AND owner = $1 AND expires_at > clock_timestamp()`,
+				"o"+strconv.Itoa(i))
+			return wal{a.records + r.records, a.bytes + r.bytes}
+		},
+	}
+	records, bytes := map[string][]int64{}, map[string][]int64{}
+	for i := range 41 {
+		for name, cycle := range cycles {
+			w := cycle(i)
+			if i > 0 { // the first creates the rows
+				records[name], bytes[name] = append(records[name], w.records), append(bytes[name], w.bytes)
+			}
+		}
+	}
+	median := func(v []int64) int64 {
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	t.Logf("WAL per cycle, median: pglock %d records, %d bytes; seed %d records, %d bytes",
+		median(records["pglock"]), median(bytes["pglock"]), median(records["seed"]), median(bytes["seed"]))
+	require.LessOrEqual(t, median(records["pglock"]), median(records["seed"]), "WAL records per cycle")
+	require.LessOrEqual(t, 5*median(bytes["pglock"]), 6*median(bytes["seed"]), "WAL bytes per cycle")
 }
 
 // BenchmarkPrune times Client.Prune deleting 10,000 locks released an hour ago, among
