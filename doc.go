@@ -12,7 +12,10 @@
 // # Set-up
 //
 // Migrate creates the schema pglock (a few tables, sequences and SQL functions; SQL
-// returns the same as one script). New returns a Client on a pgx pool. Every
+// returns the same as one script, each function defined once). Many instances may
+// migrate at once: one migrates, the others wait for it and find nothing to do; a step
+// that has started runs to its end even when Migrate's ctx ends. New returns a Client
+// on a pgx pool. Every
 // atomic decision (who holds a key, when it expires) is one statement in PostgreSQL,
 // on the database's clock, so the instances' clocks never decide who holds a lock.
 //
@@ -108,7 +111,10 @@
 // closes them. A call takes whichever connection comes first, the own pool's or one
 // the application puts back. Releases and the hand-backs above go the same way; a
 // lock is no longer renewed while its release waits. On a *pgx.Conn or a pgx.Tx,
-// renewals, releases and hand-backs go through it.
+// renewals, releases and hand-backs go through it. A renewal call is bounded, on the
+// Client's Clock, by the earliest deadline of its locks, and each lock's context is
+// cancelled at its own deadline whatever the call is doing, so a link that goes silent
+// cannot make a holder learn late.
 //
 // Release runs on its ctx detached from its cancellation, with a timeout, so a
 // cancelled ctx still releases. On PostgreSQL a release (and a waiter's mark of a held
@@ -288,7 +294,10 @@
 //
 // # Jobs
 //
-// Client.Job runs a function at each tick of a schedule through locks:
+// Client.Job runs a function at each tick of a schedule through locks. Its key is
+// required, so that a rename of the function does not change it during a rolling
+// deploy, and it names the job's locks; it is checked as a lock's key, with its lease
+// key "<key>:owner", so it has at most MaxKeyLength-6 characters:
 //
 //   - OnOneInstance: the first instance whose tick comes takes the job's lease, the lock
 //     "<key>:owner", and keeps it, renewed, between ticks for as long as its Client is
@@ -296,7 +305,7 @@
 //     (ReasonOtherInstance). When the owner dies, its lease expires after the ttl, on
 //     the database clock, and the first tick after that, on any instance, takes the job
 //     over; when it closes its Client, it hands the lease back at once. Missed ticks are
-//     not caught up. So a job's key has at most MaxKeyLength-6 characters.
+//     not caught up.
 //   - WithoutOverlapping: a run holds the run lock "<key>", renewed, from its start to
 //     its end, and a tick that finds it held is skipped (ReasonRunInProgress), on this
 //     instance or any other. Without OnOneInstance it means "any instance, one run at a
@@ -330,12 +339,14 @@
 //	...
 //	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.GocronOptions(job.Key())...)
 //
-// A skipped tick is logged at debug, emitted as an EventJobSkipped and counted in the
-// run history; a run is emitted as an EventJobRan (its Duration and Outcome set) and
+// Job.Run runs one tick. A skipped tick (another instance owns the job, a run is in
+// progress, or AtMost's limit is reached) is logged at debug, emitted as an
+// EventJobSkipped and counted in the run history; a run is emitted as an EventJobRan (its Duration and Outcome set) and
 // recorded in the run history, a panicking function's too (OutcomePanicked) before the
 // panic goes on up.
 //
-// At Close, Run returns ErrClosed from Close's start; the runs in progress are
+// At Close, Run returns ErrClosed from Close's start (so an admin path calling Run can
+// tell a shutdown from a skip); the runs in progress are
 // cancelled (their ctx's cause is ErrClosed) and waited for, bounded by Close's ctx;
 // then the lease is handed back, so that the next tick on another instance runs at
 // once rather than after the ttl, or, when Close's ctx ends first, left to expire. A
@@ -355,8 +366,10 @@
 // at debug, emitted as an EventJobSkipped). Unlock keeps the lease: it needs no store
 // call, so it works with the cancelled ctx gocron passes at its shutdown; it emits an
 // EventJobRan and records the run in the run history, as OutcomeOK or OutcomeLost,
-// since gocron does not tell a locker how its task ended. Each job name is checked and
-// registered as a Job's key at its first Lock. At Close, runs between Lock and Unlock
+// since gocron does not tell a locker how its task ended, and returns a *LockLostError
+// when the lease was lost during the run, else nil. Each job name is checked and
+// registered as a Job's key at its first Lock (an error matching ErrInvalidKey or
+// ErrInvalidArgument then). At Close, runs between Lock and Unlock
 // finish (bounded by Close's ctx) and the leases are handed back, each kept for the
 // rest of the second after its last run started.
 //
@@ -391,10 +404,16 @@
 // leading", "pglock: stepped down") and emitted as EventLeadershipAcquired and
 // EventLeadershipLost.
 //
-// A paused leader cannot know that its lease expired meanwhile: until its next renewal
-// is refused, Election.IsLeader stays true while another instance leads, and
-// Election.Leader, which reads the store, may name the other instance. That is why a
-// leader's writes carry its lease's fencing token.
+// OnAcquired may return nil at once, leaving work running on its ctx, or run until ctx
+// ends: either way the instance leads until the lease is lost or it steps down. It must
+// return once its ctx ends: OnLost, the lease's release and Close wait for it. Returning
+// an error, or panicking, steps down: the lease is handed back.
+//
+// A paused leader cannot know that its lease expired meanwhile, and a leader whose
+// lease was broken (Client.ForceRelease) learns it at its next renewal: until that is
+// refused, or its deadline passes on the client's clock, Election.IsLeader stays true
+// while another instance may lead, and Election.Leader, which reads the store, may name
+// the other instance. That is why a leader's writes carry its lease's fencing token.
 //
 // # Events and logs
 //
@@ -449,7 +468,9 @@
 // the next release, so it may outlive a waiter that gave up.
 //
 // Client.ForceRelease is the operator's tool for a holder that is stuck: a healthy
-// holder is better stopped, or left to Release. What follows a break, on the store's
+// holder is better stopped, or left to Release. It returns the lease it broke (Held
+// true, with the holder's Owner and Token and the ExpiresAt it had), or the zero
+// LockInfo and ErrNotHeld. What follows a break, on the store's
 // clock: the key is free at once, so the next acquisition (a waiter is woken as by a
 // release) gets a token greater than the broken one; the holder's next renewal is
 // refused, at which the holder's lock is lost (ReasonRefused) and the ctx of the code
