@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// Clock is the time a Client renews, waits and counts deadlines on, and bounds its
-// renewal calls on; expiry itself is measured by the store. WithClock's nil means the
+// Clock is the time a Client renews, waits and counts deadlines on; its renewal calls are
+// bounded on it too. Expiry itself is measured by the store. WithClock's nil means the
 // real clock; tests use pglocktest.ManualClock. Implementations must be safe for
 // concurrent use.
 type Clock interface {

@@ -10,8 +10,9 @@ import (
 // with errors.As).
 var (
 	// ErrNotAcquired is returned by TryAcquire when a live holder has the key, and by
-	// Acquire and WithLock when it stayed held for the whole wait; a gocron adapter's
-	// Lock or IsLeader returns it where another instance holds the lease.
+	// Acquire and WithLock when it stayed held for the whole wait or their ctx ended; a
+	// gocron adapter's Lock or IsLeader returns it where another instance holds the
+	// lease.
 	ErrNotAcquired = errors.New("pglock: lock not acquired")
 	// ErrNotHeld is returned by ForceRelease when no live holder has the key (the
 	// permit): free, released or expired.
