@@ -232,8 +232,8 @@
 // In the store a permit's row key is the semaphore's key, U+001F and the permit's
 // number (migration 000013): so a semaphore's key has at most MaxKeyLength-5
 // characters, and no key may contain U+001F. A semaphore's key and a lock's key are
-// apart: a lock of the same key is another thing. A permit costs about twice a lock's
-// acquisition, more on one busy semaphore (BENCHMARKS.md, A permit beside a lock).
+// apart: a lock of the same key is another thing. What a permit costs beside a lock is
+// in BENCHMARKS.md (A permit beside a lock).
 //
 // Fencing a write with a permit's token: FenceHeld(query, l.Key(), l.Token()) works
 // for a permit as for a lock: the write happens only while that permit is held live,
@@ -396,8 +396,8 @@
 // lease leads: it renews the lease through the client's renewer and runs
 // LeaderCallbacks.OnAcquired. It stops leading when the lease is lost, at Resign, at
 // Close (which hands the lease back, so another instance leads within milliseconds
-// with a listener, within ttl/3 without), or when OnAcquired fails, after which it
-// campaigns again after ttl/3; OnLost then runs. A crashed leader is replaced within
+// with a listener, within ttl/3 without), or when OnAcquired fails; OnLost then runs.
+// After a failed OnAcquired the instance campaigns again after ttl/3. A crashed leader is replaced within
 // the ttl. A campaign that fails because the store cannot be reached, or its
 // connection was lost (an outage, a failover), is made again sooner: after 5 ms,
 // doubling up to ttl/3. Leading and stepping down are logged at info ("pglock:
@@ -566,8 +566,8 @@
 // running ones finish), then Client.Close, then close the pool. Close never hands a key
 // back while code holding it may still run: it refuses new acquisitions, runs and
 // campaigns, cancels every WithLock function, job run and leader's OnAcquired with
-// ErrClosed as the cause and waits for each to return first, and only then hands its
-// lock back; when its ctx ends before they do, their keys are left to expire on the
+// ErrClosed as the cause and waits for each to return first, and only then hands their
+// locks back; when its ctx ends before they do, their keys are left to expire on the
 // database clock instead. Locks the caller took with TryAcquire or Acquire and still
 // holds have their Context cancelled with ErrClosed and are released. Before that, the
 // hand-backs of failed acquisitions still pending are made once more and stopped. Then
