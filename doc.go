@@ -395,13 +395,13 @@
 // and at once when the key is released (with a listener). The instance that takes the
 // lease leads: it renews the lease through the client's renewer and runs
 // LeaderCallbacks.OnAcquired. It stops leading when the lease is lost, at Resign, at
-// Close (which hands the lease back, so another instance leads within milliseconds
-// with a listener, within ttl/3 without), or when OnAcquired fails; OnLost then runs.
-// After a failed OnAcquired the instance campaigns again after ttl/3. A crashed leader is replaced within
-// the ttl. A campaign that fails because the store cannot be reached, or its
-// connection was lost (an outage, a failover), is made again sooner: after 5 ms,
-// doubling up to ttl/3. Leading and stepping down are logged at info ("pglock:
-// leading", "pglock: stepped down") and emitted as EventLeadershipAcquired and
+// Close (which hands the lease back, so another instance leads within milliseconds with
+// a listener, within ttl/3 without), or when OnAcquired fails; OnLost then runs. After a
+// failed OnAcquired the instance campaigns again after ttl/3. A crashed leader is
+// replaced within the ttl. A campaign that fails because the store cannot be reached, or
+// its connection was lost (an outage, a failover), is made again sooner: after 5 ms,
+// doubling up to ttl/3. Leading and stepping down are logged at info ("pglock: leading",
+// "pglock: stepped down") and emitted as EventLeadershipAcquired and
 // EventLeadershipLost.
 //
 // OnAcquired may return nil at once, leaving work running on its ctx, or run until ctx
