@@ -19,26 +19,12 @@ import (
 	"github.com/pgfence/pglock/internal/renewer"
 )
 
-// TryAcquire makes one attempt to take key. It returns a *Lock, renewed in the
-// background until Release or Close, or an error: ErrNotAcquired (errors.Is) when a
-// live holder has the key (or when the store's confirmation came back only after the
-// lock's ttl, so late that the lock cannot be trusted; it is handed back),
-// ErrInvalidKey or ErrInvalidArgument for bad input, ErrClosed after Close, or the
-// store's error. ctx bounds the store call only; the lock's own lifetime is
-// Lock.Context.
-//
-// When the call fails after it may have reached the server (ctx ended with the
-// statement in flight, the link broke), the client releases in the background what the
-// server may have granted, rather than leave the key to an owner nobody knows for a
-// whole ttl. A connection that could not be made reached no server: nothing is handed
-// back; nor is anything for a call that was still waiting for a connection of a
-// *pgxpool.Pool (NewPostgresStore, New) when ctx ended: it is never sent. On such a
-// pool, the lock's ttl counts from when the call had its connection. Hand-backs are bounded for the whole client: one goroutine makes one release
-// call at a time; each failed acquisition is released up to 5 times over about 2.6 s
-// while nothing is found; at most 1024 wait (past that, the key expires after its
-// ttl); a failed release call pauses them all, doubling up to 2 s, so an unreachable
-// database sees about one connection attempt every 2 s from them. Close gives each one
-// last release, stops at the first failed call, and waits, bounded by its ctx.
+// TryAcquire makes one attempt to take key and returns the *Lock, renewed in the
+// background until Release or Close. ctx bounds the store call only; the lock's lifetime
+// is Lock.Context. It returns an error matching ErrNotAcquired when a live holder has key
+// (or the store's answer came too late to trust), ErrInvalidKey or ErrInvalidArgument for
+// bad input, ErrClosed after Close, or the store's error. See the package doc, # Taking a
+// lock and # Handing back a failed acquisition.
 func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := lockSettings(c, key, "TryAcquire", opts, Option.everyOption)
@@ -52,18 +38,11 @@ func (c *Client) TryAcquire(ctx context.Context, key string, opts ...Option) (*L
 	return l, nil
 }
 
-// Acquire takes key, waiting while it is held: it retries with exponential backoff and
-// jitter (polling at least every quarter of its ttl, so that a lock whose holder died
-// is taken soon after it expires) until the key is free, until Wait(d) has passed on
-// the client's clock (Wait(0) is one attempt), or until ctx ends. With a listener (a
-// client of New, see WithoutListener), the key's release wakes it at once. Close ends
-// the wait with ErrClosed. A key that stays held returns an error matching
-// ErrNotAcquired; so does ctx's end, during a pause or an attempt, and the error
-// matches ctx's cause too. Other errors are TryAcquire's. Once the store has answered
-// an attempt, Acquire rides out an outage (a failover, for one) as the locks it holds
-// do: an attempt that fails because the store cannot be reached, or its connection was
-// lost, is made again (soon, then with the backoff, up to a second) for up to the lock's
-// ttl from the first such failure in a row; then that failure is returned.
+// Acquire takes key, waiting while it is held, until the key is free, until Wait's
+// duration has passed or until ctx ends. It returns an error matching ErrNotAcquired when
+// the key stayed held or ctx ended (matching ctx's cause too), ErrClosed when Close ends
+// the wait, or TryAcquire's errors; an outage is ridden out for up to the lock's ttl. See
+// the package doc, # Taking a lock.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	start := c.clock.Now()
 	lc, err := lockSettings(c, key, "Acquire", opts, AcquireOption.acquireOption)
@@ -189,15 +168,12 @@ func (c *Client) acquire(ctx context.Context, t target, lc settings, start time.
 	}
 }
 
-// WithLock takes key as Acquire does, runs fn under the lock, and releases the lock when
-// fn returns or panics. fn's ctx is cancelled when the caller's ctx ends, when the lock
-// is lost (context.Cause is then a *LockLostError), or when Close begins (the cause is
-// ErrClosed: Close waits for fn to return before it hands the key back, and when
-// Close's own ctx ends first the key is not handed back but left to expire). Inside fn,
-// pglock.FromContext(ctx) returns the lock, whose Token fences fn's writes. It returns
-// Acquire's error, ErrClosed when Close began before fn could start, fn's error, or,
-// when fn returned nil, a *LockLostError if the lock was lost before its release,
-// ErrClosed if Close left it to expire, or the release's error.
+// WithLock takes key as Acquire does, runs fn under the lock and releases it when fn
+// returns or panics. fn's ctx ends with ctx, when the lock is lost (its cause a
+// *LockLostError) or when Close begins (ErrClosed; Close waits for fn); FromContext(ctx)
+// returns the lock. It returns Acquire's error, fn's error, ErrClosed when Close began
+// before fn or left the key to expire, a *LockLostError when fn returned nil but the lock
+// was lost, or the release's error.
 func (c *Client) WithLock(ctx context.Context, key string, fn func(ctx context.Context) error,
 	opts ...AcquireOption) (err error) {
 	start := c.clock.Now()
@@ -458,9 +434,9 @@ func jitter(d time.Duration) time.Duration {
 // the statement (sendMark.conn): the lease counts from when the call had its connection,
 // not from before a wait for a busy pool (which made the client refuse, and hand back,
 // grants it could have kept), and a call whose caller gave up while it waited for a
-// connection is never sent, so that nothing is granted to be handed back. In a torture
-// run, on a pool opening connections over a slow link, both became ghosts: held by
-// nobody until their expiry. Other stores leave sent as it was, the time before the call.
+// connection is never sent, so that nothing is granted to be handed back (on a pool
+// opening connections over a slow link, both left keys held by nobody until their
+// expiry). Other stores leave sent as it was, the time before the call.
 type sendMark struct {
 	wait context.Context  // the caller's ctx, which a detached call's wait for a connection ends with; nil: none
 	now  func() time.Time // the client's clock

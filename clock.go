@@ -5,12 +5,10 @@ import (
 	"time"
 )
 
-// Clock is the time a Client renews, waits and counts deadlines on; a renewal call is
-// bounded on it too (by the earliest deadline of its locks). Expiry itself is always
-// measured by the store, on the database clock. The zero value of an option
-// means the real clock; tests use pglocktest.ManualClock.
-//
-// Implementations must be safe for concurrent use.
+// Clock is the time a Client renews, waits and counts deadlines on; its renewal calls are
+// bounded on it too. Expiry itself is measured by the store. WithClock's nil means the
+// real clock; tests use pglocktest.ManualClock. Implementations must be safe for
+// concurrent use.
 type Clock interface {
 	// Now returns the current time.
 	Now() time.Time

@@ -9,36 +9,40 @@ import (
 // these with errors.Is, or wraps the store's error (a *pgconn.PgError stays reachable
 // with errors.As).
 var (
-	// ErrNotAcquired: the key is held by a live holder (TryAcquire), or stayed held
-	// for the whole wait (Acquire, WithLock).
+	// ErrNotAcquired is returned by TryAcquire when a live holder has the key, and by
+	// Acquire and WithLock when it stayed held for the whole wait or their ctx ended; a
+	// gocron adapter's Lock or IsLeader returns it where another instance holds the
+	// lease.
 	ErrNotAcquired = errors.New("pglock: lock not acquired")
-	// ErrNotHeld: Client.ForceRelease found no live holder of the key: free, released
-	// or expired.
+	// ErrNotHeld is returned by ForceRelease when no live holder has the key (the
+	// permit): free, released or expired.
 	ErrNotHeld = errors.New("pglock: not held")
-	// ErrLockLost: a lock was lost before it was released. A *LockLostError matches it.
+	// ErrLockLost is matched by the *LockLostError that Release, WithLock, Job.Run and
+	// the gocron adapters return for a lock lost before its release.
 	ErrLockLost = errors.New("pglock: lock lost")
-	// ErrClosed: the Client was closed.
+	// ErrClosed is returned by a Client's calls once its Close has begun, and is the
+	// cause of the contexts Close cancels.
 	ErrClosed = errors.New("pglock: client closed")
-	// ErrResigned: the context.Cause of a leader's OnAcquired context after
+	// ErrResigned is the context.Cause of a leader's OnAcquired context after
 	// Election.Resign.
 	ErrResigned = errors.New("pglock: resigned from the election")
-	// ErrInvalidKey: a key is empty, longer than MaxKeyLength characters (a
-	// semaphore's, MaxKeyLength-5), not valid UTF-8, or contains a NUL byte or U+001F
-	// (which separates a semaphore's key from a permit's number in the store).
+	// ErrInvalidKey is returned for a key that is empty, longer than MaxKeyLength
+	// characters (a semaphore's, MaxKeyLength-5), not valid UTF-8, or contains a NUL byte
+	// or U+001F (which separates a semaphore's key from a permit's number in the store).
 	ErrInvalidKey = errors.New("pglock: invalid key")
-	// ErrInvalidArgument: an option, a duration or a function argument is out of range
-	// or nil. The error's text names the argument.
+	// ErrInvalidArgument is returned for an option, a duration or a function argument
+	// that is out of range or nil; the error's text names it.
 	ErrInvalidArgument = errors.New("pglock: invalid argument")
-	// ErrInvalidToken: a Store answered a fencing token that is not positive. The
-	// store is broken; fencing with such a token would be unsafe.
+	// ErrInvalidToken is returned by an acquisition whose store answered a fencing token
+	// that is not positive: the store is broken, and fencing with such a token would be
+	// unsafe.
 	ErrInvalidToken = errors.New("pglock: store returned a fencing token that is not positive")
 	// ErrUnsafeQuery is returned by FenceUpdate, FenceHeld and ExecFenced for a query
 	// they cannot rewrite safely: empty, not a single UPDATE (or DELETE, for FenceHeld),
 	// several statements, WHERE CURRENT OF, a WITH query that writes or has SEARCH or
 	// CYCLE, or text the lexer cannot split with certainty (an unterminated literal,
 	// comment or dollar quote, a NUL byte, invalid UTF-8, a number or parameter running
-	// into a word). The error's text says which. The lexer assumes what pgx requires of
-	// a connection anyway: client_encoding UTF8 and standard_conforming_strings on.
+	// into a word). The error's text says which.
 	ErrUnsafeQuery = errors.New("pglock: query cannot be fenced safely")
 )
 

@@ -33,35 +33,13 @@ type Execer interface {
 const fenceMaxColumnLen = 63
 
 // FenceUpdate rewrites a single UPDATE so that it writes only rows whose column holds a
-// token <= token, or NULL, and records token there. It appends `"column" = $n` to the
-// SET list and `AND ("column" IS NULL OR "column" <= $n)` to the WHERE, wrapping the
-// original condition in parentheses (or adds that condition as the WHERE when there is
-// none), where $n follows the highest parameter of the query, and returns args with
-// token appended:
-//
-//	q, args, err := pglock.FenceUpdate("UPDATE products SET in_stock = $1 WHERE id = $2", "stock_fencing_token", token, count, id)
-//	// q == `UPDATE products SET in_stock = $1, "stock_fencing_token" = $3 WHERE (id = $2) AND ("stock_fencing_token" IS NULL OR "stock_fencing_token" <= $3)`
-//	// args == []any{count, id, token}
-//
-// Equal tokens pass, so a holder may write many times; a stale holder's write updates
-// no row. column names a column of the UPDATE's target table: declare it bigint NOT
-// NULL DEFAULT 0. A nullable column works too: NULL stands for a row no fenced write
-// has touched, which any token may write, as it may a 0; the write leaves its token
-// there, and from then on the row is fenced like any other. In the WHERE the column
-// is not qualified, so it must be unambiguous: with a FROM clause, no FROM table may
-// have a column of that name (PostgreSQL then refuses the statement). WITH queries,
-// ONLY, aliases, FROM, RETURNING and one trailing semicolon are kept.
-//
-// Under pgx's simple protocol (pgx v5.12 and later, which this module requires), pgx
-// substitutes the arguments into the text itself: dollar-quoted strings holding $n are
-// kept as they are, but an unquoted identifier ending in $ and digits (x$1) is not:
-// quote it there, or use another mode (ExecFenced refuses it under that protocol).
-//
-// The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
-// rewritten safely (see ErrUnsafeQuery; a DELETE is refused too). An error wrapping
-// ErrInvalidArgument reports an empty, over-long or non-UTF-8 column, a token that is
-// not positive, or len(args) different from the highest $n in the query. On error the
-// query is "" and args nil.
+// token <= token, or NULL, and records token there; it returns the query and args with
+// token appended. Equal tokens pass, so a holder may write many times; a stale holder's
+// write updates no row. Declare column bigint NOT NULL DEFAULT 0, unambiguous in the
+// WHERE. An error wrapping ErrUnsafeQuery refuses a query it cannot rewrite safely (a
+// DELETE too); one wrapping ErrInvalidArgument reports an empty, over-long or non-UTF-8
+// column, a token that is not positive, or len(args) different from the highest $n. On
+// error the query is "" and args nil. See the package doc, # Fenced writes.
 func FenceUpdate(query, column string, token int64, args ...any) (string, []any, error) {
 	col, err := fenceColumn(column)
 	if err != nil {
@@ -77,36 +55,13 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 	return st.Rewrite(set, cond), withFenceArgs(args, token), nil
 }
 
-// FenceHeld appends AND pglock.lock_held($n, $m) to an UPDATE's or DELETE's WHERE
-// (adding WHERE when none), with key and token as the new last two args. The original
-// condition is wrapped in parentheses, $n follows the highest parameter of the query,
-// and WITH queries, ONLY, aliases, FROM or USING, RETURNING and one trailing semicolon
-// are kept. pglock.lock_held comes with the 000002_lock_held
-// migration, and the written rows must be in the database that holds pglock.locks.
-//
-// The guarantee, on the database clock: a write whose statement runs after the lock
-// was taken over, released or expired updates nothing (0 rows), because lock_held is
-// false for it; a write that commits before the takeover is the old holder's
-// legitimate write. lock_held row-locks the lock's row until the write's transaction
-// ends, so while that transaction is open no takeover can happen: an acquisition that
-// meets the locked row fails at once (Acquire retries), even after the lease expired.
-// No new token exists before the write is settled.
-//
-// The row lock is FOR KEY SHARE at every isolation level: the holder's renewals (and
-// its release) go on while the transaction is open, so a slow transaction costs no
-// lock its lease. Under READ COMMITTED lock_held reads the latest committed row at each
-// statement. Under REPEATABLE READ or SERIALIZABLE the transaction's snapshot could not
-// see a takeover, so a row changed after the snapshot makes the write fail with a
-// serialization error (SQLSTATE 40001) instead of writing (migration 000011).
-//
-// As with FenceUpdate, an unquoted identifier ending in $ and digits (x$1) is not safe
-// under pgx's simple protocol; dollar-quoted strings are.
-//
-// The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
-// rewritten safely (see ErrUnsafeQuery). An error wrapping ErrInvalidKey reports an
-// empty key, invalid UTF-8 or a NUL byte in it; one wrapping ErrInvalidArgument a
-// token that is not positive or len(args) different from the highest $n in the query.
-// On error the query is "" and args nil.
+// FenceHeld rewrites an UPDATE or a DELETE so that it writes only while the lock of key
+// with token is held live, on the database clock, adding AND pglock.lock_held($n, $m) to
+// its WHERE and key and token to args. The rows must be in the database of pglock.locks;
+// no takeover happens while the write's transaction is open. Errors wrap ErrUnsafeQuery
+// for a query it cannot rewrite safely, ErrInvalidKey for a bad key, and
+// ErrInvalidArgument for a token that is not positive or len(args) different from the
+// highest $n; the query is then "" and args nil. See the package doc, # Fenced writes.
 func FenceHeld(query, key string, token int64, args ...any) (string, []any, error) {
 	if err := checkKey(key); err != nil {
 		return "", nil, err
@@ -119,27 +74,13 @@ func FenceHeld(query, key string, token int64, args ...any) (string, []any, erro
 	return st.Rewrite("", cond), withFenceArgs(args, key, token), nil
 }
 
-// ExecFenced rewrites query with FenceUpdate and executes it on db, which must not be
-// nil, and returns how many rows it wrote: 0 when the query matches no row or every
-// row it matches holds a newer token than token, which means the caller's lock was
-// taken over.
-//
-// As with pgx's Exec, args may start with a pgx.QueryExecMode, which is passed on and
-// not counted as a parameter: behind PgBouncer in transaction mode, with a pool in
-// pgx's default mode, pass pgx.QueryExecModeExec. Under pgx's simple protocol (that
-// mode, or the db's DefaultQueryExecMode when none is given) pgx substitutes the
-// arguments into the text itself; it skips literals and dollar-quoted strings as
-// PostgreSQL does, but would also substitute a $n that ends an unquoted identifier
-// (x$1), which PostgreSQL reads as part of the name: a query with $ and a digit right
-// after a letter, digit or underscore, anywhere in its text (quoted or not, to keep the
-// check simple), is refused with an error wrapping ErrUnsafeQuery under that protocol
-// alone.
-//
-// ctx bounds only the Exec (the rewrite does no I/O); when it ends first the error
-// matches ctx.Err() with errors.Is. Errors from FenceUpdate are returned as they are
-// (ErrUnsafeQuery, ErrInvalidArgument); a nil db is ErrInvalidArgument; an error from
-// the database is wrapped as "pglock: fenced write: %w", so a *pgconn.PgError stays
-// reachable with errors.As.
+// ExecFenced rewrites query with FenceUpdate, executes it on db and returns how many rows
+// it wrote: 0 when no row matched or every row matched holds a newer token, the caller's
+// lock taken over. args may start with a pgx.QueryExecMode, passed on as pgx's Exec does.
+// ctx bounds the Exec. It returns FenceUpdate's errors as they are, ErrInvalidArgument
+// for a nil db, ErrUnsafeQuery under pgx's simple protocol for a query with $ and a digit
+// right after a letter, digit or underscore, or the database's error, wrapped ("pglock:
+// fenced write: %w"). See the package doc, # Fenced writes.
 func ExecFenced(ctx context.Context, db Execer, query, column string, token int64, args ...any) (rowsWritten int64, err error) {
 	if db == nil {
 		return 0, invalidArg("db is nil")

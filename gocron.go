@@ -14,47 +14,25 @@ import (
 
 // Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
 // passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
-// it with GocronOptions, for example:
-//
-//	job, err := client.Job("inventory:stock-reconciliation", reconcile, pglock.OnOneInstance(), pglock.WithoutOverlapping())
-//	...
-//	_, err = scheduler.NewJob(gocron.CronJob("*/5 * * * *", false), job.Task(), pglock.GocronOptions(job.Key())...)
+// it with GocronOptions(j.Key()) (see the package doc, # Jobs).
 func (j *Job) Task() gocron.Task {
 	return gocron.NewTask(j.Run)
 }
 
-// GocronOptions returns the gocron job options pglock recommends for a job named name:
-// gocron.WithName(name) and gocron.WithSingletonMode(gocron.LimitModeReschedule), so
-// that gocron refuses an overlap inside one process before pglock makes any store
-// call. Give it the job's key (Job.Key), so that the job has one name everywhere:
-// gocron's, the run history's, the events' and the metrics'; with a GocronLocker, the
-// gocron job name is the key already. Append options of your own to the result.
-// gocron's NewJob refuses an empty name.
+// GocronOptions returns the gocron job options pglock recommends for a job named name,
+// the job's key (Job.Key): gocron.WithName(name) and
+// gocron.WithSingletonMode(gocron.LimitModeReschedule), so that gocron refuses an overlap
+// inside one process. Append options of your own to the result. gocron's NewJob refuses
+// an empty name.
 func GocronOptions(name string) []gocron.JobOption {
 	return []gocron.JobOption{gocron.WithName(name), gocron.WithSingletonMode(gocron.LimitModeReschedule)}
 }
 
-// GocronElector returns a gocron.Elector (gocron.WithDistributedElector) under which
-// only the leader's scheduler runs jobs. The leader holds a sticky lease on key, taken
-// by the first IsLeader that finds it free and then kept, renewed, for as long as the
-// client is up, exactly as OnOneInstance's lease: the other instances' schedulers skip
-// every job (logged at debug with key, emitted as an EventJobSkipped); when the leader
-// dies, the first IsLeader after the ttl takes over. opts may set its TTL.
-//
-// gocron asks IsLeader before each run but does not tell an elector when a run ends,
-// and its Shutdown gives up after its stop timeout (10 s by default) with runs still
-// going. So at Close the lease is handed back only when every run it let start was a
-// task of the elector's Task, which Close cancels (ErrClosed) and waits for, bounded by
-// its ctx, and then only a second after the last IsLeader that let a job run. After a
-// run of any other task, the lease is not handed back: it is no longer renewed, and
-// another instance leads once it expires, a ttl later, so that two instances never run
-// the scheduler's jobs side by side while the old runs can still go on (a run that
-// outlasts even the ttl can: use Task). Only a Task's run has a fencing token, its
-// lease's: pglock.FromContext(ctx) returns the lease's Lock inside it; a plain task has
-// none to fence its writes with.
-//
-// key is registered as OnOneInstance's keys are. Errors match ErrInvalidKey,
-// ErrInvalidArgument (a bad option, a taken key) or ErrClosed.
+// GocronElector returns a gocron.Elector (gocron.WithDistributedElector) under which only
+// the leader's scheduler runs jobs: the leader holds a lease on key, as OnOneInstance's,
+// of the ttl TTL sets. Use its Task for the jobs, so that Close can hand the lease back
+// and runs have a fencing token. Errors match ErrInvalidKey, ErrInvalidArgument (a bad
+// option, a key already registered) or ErrClosed. See the package doc, # gocron adapters.
 func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, error) {
 	lc, err := lockSettings(c, key, "GocronElector", opts, Option.everyOption)
 	if err != nil {
@@ -82,11 +60,10 @@ type GocronElector struct {
 	untracked int
 }
 
-// IsLeader returns nil on the leader (taking the lease if it is free), an error
-// matching ErrNotAcquired where another instance leads or where the lease cannot vouch
-// for this run (ReasonLeaseInDoubt, as OnOneInstance says), ErrClosed once the client's
-// Close has begun, or a store error; ctx bounds its store call. gocron calls it before
-// each run of every job of the scheduler.
+// IsLeader returns nil on the leader (taking the lease if it is free), an error matching
+// ErrNotAcquired where another instance leads or where the lease cannot vouch for this
+// run (ReasonLeaseInDoubt), ErrClosed once Close has begun, or a store error. ctx bounds
+// its store call. gocron calls it before each run.
 func (e *GocronElector) IsLeader(ctx context.Context) error {
 	e.mu.Lock()
 	if e.closing {
@@ -105,13 +82,11 @@ func (e *GocronElector) IsLeader(ctx context.Context) error {
 	return nil
 }
 
-// Task returns a gocron task that runs fn as a run of the elector, for a job of the
-// scheduler the elector leads: fn's ctx is gocron's job ctx, cancelled too when the
-// lease is lost (its cause is then a *LockLostError) or when the client's Close begins
-// (ErrClosed: Close waits for fn to return before it hands the lease back), and
-// pglock.FromContext(ctx) returns the lease's Lock, whose Token fences fn's writes.
-// The task returns fn's error, or, without calling fn, ErrClosed once Close has begun
-// or the lease's *LockLostError when it was lost since IsLeader.
+// Task returns a gocron task that runs fn as a run of the elector. fn's ctx is gocron's,
+// cancelled too when the lease is lost (its cause a *LockLostError) or when Close begins
+// (ErrClosed; Close waits for fn); FromContext(ctx) returns the lease. The task returns
+// fn's error, or, without calling fn, ErrClosed once Close has begun or the lease's
+// *LockLostError when it was lost since IsLeader.
 func (e *GocronElector) Task(fn func(ctx context.Context) error) gocron.Task {
 	return gocron.NewTask(func(ctx context.Context) error { return e.run(ctx, fn) })
 }
@@ -181,28 +156,14 @@ func (e *GocronElector) leaveToExpire() {
 		slog.String("key", s.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()), slog.Duration("ttl", s.ttl))
 }
 
-// GocronLocker returns a gocron.Locker (gocron.WithDistributedLocker, or
-// gocron.WithDistributedJobLocker) whose locks are sticky leases rather than per-run
-// locks. gocron takes a lock per run, named after the job; a per-run lock released at
-// the end of a fast run lets an instance whose tick comes a few milliseconds later run
-// the same tick again (gocron issue #841). Here, Lock for job name takes the lease
-// "<name>:owner" (OnOneInstance's lease of a job keyed name) at the first tick that
-// finds it free and keeps it, renewed, between ticks for as long as the client is up;
-// on the other instances, Lock returns an error matching ErrNotAcquired and gocron
-// skips the run (logged at debug, emitted as an EventJobSkipped); so does a tick the
-// lease cannot vouch for (ReasonLeaseInDoubt, as OnOneInstance says). Unlock keeps the
-// lease: it needs no store call, so it works with the cancelled ctx gocron passes at
-// its shutdown; it emits an EventJobRan, records the run in the run history (see
-// RunHistory: OutcomeOK, or OutcomeLost, since gocron does not tell a locker how its
-// task ended) and returns a *LockLostError when the lease was lost during the run,
-// else nil.
-//
-// Each job name is checked and registered as a Job's key at its first Lock (an error
-// matching ErrInvalidKey or ErrInvalidArgument then). At Close, runs between Lock and
-// Unlock finish (bounded by ctx) and the leases are handed back, each kept for the rest
-// of the second after its last run started. opts may set the leases' TTL.
-// GocronLocker returns an error matching ErrInvalidArgument for a bad option,
-// or ErrClosed. The locker is safe for concurrent use.
+// GocronLocker returns a gocron.Locker (gocron.WithDistributedLocker or
+// WithDistributedJobLocker) whose lock for a job name is OnOneInstance's lease of a job
+// keyed name, of the ttl TTL sets, kept between runs: elsewhere Lock fails with an error
+// matching ErrNotAcquired, and gocron skips the run. Lock registers each name as a Job's
+// key (ErrInvalidKey, ErrInvalidArgument); Unlock returns a *LockLostError when the lease
+// was lost during the run. GocronLocker returns an error matching ErrInvalidArgument for
+// a bad option, or ErrClosed. The locker is safe for concurrent use. See the package
+// doc, # gocron adapters.
 func (c *Client) GocronLocker(opts ...Option) (gocron.Locker, error) {
 	lc := settings{ttl: c.ttl}
 	err := applyOptions(&lc, "GocronLocker", opts, Option.everyOption)

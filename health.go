@@ -9,32 +9,13 @@ import (
 )
 
 // Health is a client's readiness: whether it can reach its store right now, as every
-// store call it makes shows it (acquisitions, waits, renewals, releases, campaigns, job
-// ticks, history writes), and whether its renewals keep up. See Client.Health.
-//
-// In Kubernetes, a readiness probe should answer from Ready (503 when false): "do not
-// send me work that needs a lock now". A liveness probe should not use Health at all:
-// a database outage is not cured by restarting every instance (each restart opens new
-// connections against a server that is trying to come back, and a lock held by the
-// restarted process is left to expire); let liveness check only that the process
-// itself still serves. Show the probe's caller no more than Ready (and, say, FailedCall
-// and FailedAt): Err wraps the driver's error, which may name the database's user, host
-// and database; log it instead.
+// store call it makes shows it, and whether its renewals keep up. See Client.Health, and
+// the package doc, # Health, for probes.
 type Health struct {
-	// Ready is false while the last store call of the client failed (none has succeeded
-	// since), while a call has waited for an answer for half the client's ttl (or half
-	// its lock's ttl, when shorter) and the store answered no other call meanwhile, while
-	// a held lock's renewal is overdue (none confirmed for half its ttl, when one is due
-	// every third), and after Close. A lock is given up only at nine tenths of its ttl
-	// without a confirmed renewal, so a holder is unready before any lock is lost. It is
-	// true again once a store call succeeds and no renewal is overdue.
-	//
-	// An answer is a success, whatever it says: a key held by another owner, a renewal
-	// refused. A failure is an error from the driver or the server; bad input, and a
-	// call whose context the caller ended (before it waited as above), are neither.
-	// While the last call failed, the client makes a call of its own once a second (a
-	// renewal of a key nobody holds, which writes nothing), so that it turns ready
-	// again when the store answers even if nothing else calls it.
+	// Ready is false while the last store call failed, while a call has waited for an
+	// answer for half the ttl, while a held lock's renewal is overdue, and after Close,
+	// so a holder turns unready before it loses a lock. It is true again once a store
+	// call succeeds and no renewal is overdue.
 	Ready bool
 	// Held is how many locks the client holds now: its callers', its jobs' and its
 	// elections' leases, and its semaphores' permits.
@@ -65,10 +46,9 @@ type Health struct {
 	Err error
 }
 
-// Health reports the client's readiness from what the client knows: it makes no store
-// call, and is cheap enough for every probe (its cost does not grow with the locks
-// held). A client that has made no store call yet is Ready unless closed. It is safe for
-// concurrent use.
+// Health reports the client's readiness from what it knows, without a store call, cheaply
+// enough for every probe. A client that has made no store call yet is Ready unless
+// closed. It is safe for concurrent use.
 func (c *Client) Health() Health {
 	c.mu.Lock()
 	h := Health{Held: len(c.held)}

@@ -44,23 +44,16 @@ type JobStatus struct {
 	LastRun     *JobRun    // nil when it never ran (within the retention)
 	LastFailure *JobRun    // the last run whose Outcome is not OutcomeOK; nil when none
 	Skips       []JobSkips // by instance, then reason
-	// Registrations are the instances that registered the job (Client.Job, a
-	// GocronLocker's first Lock of it), by instance: a job is listed from its
-	// registration, before its first run. Empty for a job only the history knows.
+	// Registrations are the instances that registered the job, by instance, so a job is
+	// listed before its first run; empty for a job only the history knows.
 	Registrations []Registration
 }
 
-// RunHistory sets how long the run history keeps job runs: between 1s and 10 years,
-// 7 days when not set; 0 turns recording off. With it on and a store of New,
-// NewPostgresStore, NewSQLStore or NewMemoryStore, the client records every run of its
-// Jobs and of its GocronLockers' jobs (job, instance, owner, token, start and end on
-// the store's clock, outcome, error text), and counts the ticks they skip per job,
-// instance and reason. Writes happen in the background, one statement per run after
-// the run, and skip counts at most once a second, so a run never waits for them; a
-// failed write is logged at warn and never fails a run. Close waits for what is
-// pending (bounded by its ctx). The store deletes a job's runs older than retention
-// now and then as it records them. Client.JobRuns and Client.JobStatuses read the
-// history whatever this option says. It is a ClientOption.
+// RunHistory sets how long the run history keeps job runs, 1 s to 10 years, 7 days when
+// not set; 0 turns recording off. The client records every run of its Jobs and
+// GocronLockers' jobs, and counts the ticks they skip, in the background: a run never
+// waits for it, and a failed write never fails a run. See the package doc, # Run history
+// and registrations.
 func RunHistory(retention time.Duration) ClientOption {
 	return clientOpt{name: "RunHistory", apply: func(s *settings) error {
 		if retention != 0 && (retention < minRunRetention || retention > maxRunRetention) {
@@ -71,11 +64,10 @@ func RunHistory(retention time.Duration) ClientOption {
 	}}
 }
 
-// JobRuns returns the last runs of job (a Job's key or a gocron job name), newest
-// first, at most limit (1 to 1000), from every instance that recorded them. ctx bounds
-// the store call. Errors: ErrInvalidKey for a bad job, ErrInvalidArgument for a limit
-// out of range, an error wrapping errors.ErrUnsupported on a type that embeds a Store,
-// or the store's error. It is safe for concurrent use.
+// JobRuns returns the last runs of job (a Job's key or a gocron job name), newest first,
+// at most limit (1 to 1000), from every instance. ctx bounds the store call. Errors:
+// ErrInvalidKey for a bad job, ErrInvalidArgument for a limit out of range, an error
+// wrapping errors.ErrUnsupported on a type that embeds a Store, or the store's error.
 func (c *Client) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
 	if err := checkKey(job); err != nil {
 		return nil, err
@@ -90,11 +82,9 @@ func (c *Client) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, 
 	return b.jobRuns(ctx, job, limit)
 }
 
-// JobStatuses returns every job registered (on any instance: see Registration) or with
-// history, sorted by job: its last run, its last failure and its skips, from every
-// instance, and the instances that registered it. ctx bounds the store calls (two).
-// Errors: an error wrapping errors.ErrUnsupported on a type that embeds a Store, or
-// the store's error. It is safe for concurrent use.
+// JobStatuses returns every job registered on any instance or with history, sorted by
+// job. ctx bounds the store calls. Errors: an error wrapping errors.ErrUnsupported on a
+// type that embeds a Store, or the store's error.
 func (c *Client) JobStatuses(ctx context.Context) ([]JobStatus, error) {
 	b, err := c.backend("job statuses", "keeps no run history")
 	if err != nil {

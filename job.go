@@ -25,34 +25,13 @@ type Job struct {
 	runs    runs
 }
 
-// Job returns a Job that runs fn under key. key is required (a rename must not change
-// it during a rolling deploy) and is checked as a lock key, its lease key "<key>:owner"
-// included, so it has at most MaxKeyLength-6 characters. Give OnOneInstance,
-// WithoutOverlapping or both, or AtMost alone; the ttl is the client's unless TTL sets
-// it.
-//
-// Inside fn, FromContext(ctx) returns the run lock (with OnOneInstance alone, the
-// lease; with AtMost, the permit), whose Token fences fn's writes; fn's ctx is cancelled, with a
-// *LockLostError as its cause, when the run lock or the lease is lost.
-//
-// Keys are registered with the client: a second job with the same key, a job whose key
-// is another job's lease key, or one that is a gocron elector's or an election's key,
-// is refused, the error naming both. Errors match ErrInvalidKey, ErrInvalidArgument
-// (nil fn, no option, a bad option, a taken key) or ErrClosed; nothing is registered
-// then.
-//
-// Register the job with gocron in singleton mode (see GocronOptions), so that gocron
-// itself refuses an overlap inside one process.
-//
-// Client.Close shuts the job down: from its start, Run returns ErrClosed; it cancels
-// the runs in progress (their ctx's cause is ErrClosed) and waits for them to return
-// (bounded by its ctx), then hands the lease back, so that the next tick on another
-// instance runs at once rather than after the ttl; when its ctx ends first, the lease
-// is left to expire instead. A lease whose last run started less than a second before,
-// on the client's clock, is kept for the rest of that second, so that instances firing
-// the same tick a few milliseconds later skip it rather than run it again. An app shuts
-// down in this order: the scheduler's Shutdown (no more ticks, running ones finish),
-// then Client.Close, then the pool's Close.
+// Job returns a Job that runs fn under key, at most MaxKeyLength-6 characters, with
+// OnOneInstance, WithoutOverlapping or both, or AtMost alone, and the client's ttl unless
+// TTL sets it. Inside fn, FromContext(ctx) returns the run lock (with OnOneInstance alone
+// the lease, with AtMost the permit), and ctx is cancelled, its cause a *LockLostError,
+// when that lock or the lease is lost. Errors match ErrInvalidKey, ErrInvalidArgument
+// (nil fn, no option, a bad option, a key already registered) or ErrClosed, and nothing
+// is registered then. See the package doc, # Jobs.
 func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...JobOption) (*Job, error) {
 	if err := checkJobKey(key); err != nil {
 		return nil, err
@@ -92,18 +71,11 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 // Key returns the job's key.
 func (j *Job) Key() string { return j.key }
 
-// Run runs one tick of the job through its locks: what gocron calls through Task, and
-// what a test or an admin path calls directly. A skipped tick (another instance owns
-// the job, a run is in progress, or AtMost's limit is reached) returns nil; it is logged at debug, emitted as an
-// EventJobSkipped and counted in the run history, and a run is emitted as an
-// EventJobRan (its Duration and Outcome set) and recorded in the run history (see
-// RunHistory), a panicking fn's too (OutcomePanicked) before the panic goes on up.
-// ctx bounds the store calls and is the parent of fn's ctx.
-//
-// It returns fn's error; a *LockLostError (ErrLockLost) when fn returned nil but a
-// lock was lost during the run; ErrClosed once the client's Close has begun (no new run
-// starts then, and an admin path calling Run can tell a shutdown from a skip); or a
-// store error, when the tick could not tell whether to run.
+// Run runs one tick of the job through its locks, as Task does for gocron; a test or an
+// admin path may call it. ctx bounds the store calls and is the parent of fn's ctx. A
+// skipped tick returns nil. It returns fn's error, a *LockLostError when fn returned nil
+// but a lock was lost during the run, ErrClosed once Close has begun, or a store error
+// when the tick could not tell whether to run.
 func (j *Job) Run(ctx context.Context) error {
 	if err := j.runs.start(); err != nil {
 		return err

@@ -13,22 +13,17 @@ import (
 // LeaderCallbacks is what an instance does while it leads an election: see
 // Client.Elect.
 type LeaderCallbacks struct {
-	// OnAcquired is called, on a goroutine of the election's, when this instance
-	// starts leading, with the lease (whose Token fences what the leader writes). ctx
-	// carries the lease (FromContext) and is cancelled when the leadership ends, with
-	// context.Cause a *LockLostError when the lease was lost, ErrResigned after Resign,
-	// or ErrClosed at Client.Close. OnAcquired may return nil at once, leaving work
-	// running on ctx, or run until ctx ends: either way this instance leads until the
-	// lease is lost or it steps down. Returning an error, or panicking, steps down (the
-	// lease is handed back), and the instance campaigns again after ttl/3. It must
-	// return once ctx ends: OnLost, the lease's release and Close wait for it.
-	// Required.
+	// OnAcquired is called, on a goroutine of the election's, when this instance starts
+	// leading, with the lease, whose Token fences what the leader writes. ctx carries the
+	// lease (FromContext) and is cancelled when the leadership ends, its cause a
+	// *LockLostError, ErrResigned or ErrClosed. It may return nil at once, leaving work
+	// on ctx, or run until ctx ends, but must return once ctx ends. An error or a panic
+	// steps down. Required.
 	OnAcquired func(ctx context.Context, lock *Lock) error
-	// OnLost is called when this instance stops leading: its lease was lost, it
-	// resigned, its client closed, or OnAcquired failed. It runs after OnAcquired has
-	// returned, never at the same time nor without an OnAcquired before it, on the
-	// same goroutine; on a voluntary step-down, before the lease is handed back, so
-	// that the next leader's work never overlaps this one's. Optional.
+	// OnLost is called when this instance stops leading, on OnAcquired's goroutine once
+	// OnAcquired has returned (never without one before it) and, on a voluntary
+	// step-down, before the lease is handed back, so that the next leader's work never
+	// overlaps this one's. Optional.
 	OnLost func(lock *Lock)
 }
 
@@ -47,25 +42,13 @@ type Election struct {
 	lock *Lock // the lease while leading
 }
 
-// Elect makes this instance campaign for the leadership of key, from now until Resign
-// or Close: every ttl/3 on the client's clock, and at once when the key is released
-// (with a listener: see WithoutListener). The instance that takes the lease leads,
-// renews it through the client's renewer, and runs leader.OnAcquired; it stops leading
-// when the lease is lost, at Resign, at Close (which hands the lease back, so another
-// instance leads within milliseconds with a listener, within ttl/3 without), or when
-// OnAcquired fails; leader.OnLost then runs. Leading and stepping down are logged at
-// info ("pglock: leading", "pglock: stepped down") and emitted as
-// EventLeadershipAcquired and EventLeadershipLost.
-//
-// The lease's ttl is the client's unless TTL sets it: a crashed leader is replaced
-// within it, and instances campaign every ttl/3. A campaign that fails because the
-// store cannot be reached, or its connection was lost (an outage, a failover), is made
-// again sooner: after 5 ms, doubling up to ttl/3.
-//
-// A key is one election per client, and cannot also be a job's key. Elect returns an
-// error wrapping ErrInvalidKey for a bad key, ErrInvalidArgument for a nil OnAcquired,
-// a bad option or a key already registered on this client, and ErrClosed after
-// Close; it then starts nothing. It is safe for concurrent use.
+// Elect makes this instance campaign for the leadership of key until Resign or Close,
+// with a lease of the client's ttl unless TTL sets it. While it leads it runs
+// leader.OnAcquired, then leader.OnLost when the lease is lost, at Resign or Close, or
+// when OnAcquired fails. It returns an error wrapping ErrInvalidKey for a bad key,
+// ErrInvalidArgument for a nil OnAcquired, a bad option or a key already registered on
+// this client (a job's or another election's), or ErrClosed after Close, and then starts
+// nothing. See the package doc, # Leader election.
 func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Election, error) {
 	cfg, err := lockSettings(c, key, "Elect", opts, Option.everyOption)
 	if err != nil {
@@ -87,9 +70,9 @@ func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Ele
 }
 
 // IsLeader reports whether this instance leads: it holds the lease and has not started
-// stepping down. A paused leader cannot know that its lease expired meanwhile: until its
-// next renewal is refused, IsLeader stays true while another instance leads. That is
-// why a leader's writes carry its lease's fencing token (see FenceUpdate).
+// stepping down. A paused leader cannot know that its lease expired meanwhile, so fence
+// its writes with the lease's token (see FenceUpdate and the package doc, # Leader
+// election).
 func (e *Election) IsLeader() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -97,23 +80,20 @@ func (e *Election) IsLeader() bool {
 }
 
 // Resign ends this instance's part in the election: it steps down if it leads
-// (OnAcquired's ctx is cancelled with ErrResigned, OnAcquired is waited for, OnLost
-// runs, and the lease is handed back, waking the other instances' campaigns), and
-// stops campaigning. The key is then free for another Elect on this client. ctx bounds
-// the wait: when it ends first, Resign returns its cause and the step-down goes on in
-// the background. It returns nil once the election has ended, now or before (after
-// Close, for one). It is safe to call more than once.
+// (OnAcquired's ctx ends with ErrResigned, OnLost runs, the lease is handed back) and
+// stops campaigning; the key is then free for another Elect on this client. ctx bounds
+// the wait: when it ends first, Resign returns its cause and the step-down goes on. It
+// returns nil once the election has ended, now or before (after Close, for one), and is
+// safe to call more than once.
 func (e *Election) Resign(ctx context.Context) error {
 	return e.stop(ctx, ErrResigned)
 }
 
-// Leader reads who leads now from the store, as a LockInfo of the election's key: Held
-// is false when nobody does (the lease is free, released or expired), and then every
-// field but Key is zero; else Owner, Instance, Token, ExpiresAt and ExpiresIn (on the
-// store's clock) describe the current lease. Waiting is always false. It may name
-// another instance while this one's IsLeader is still true: see IsLeader. ctx bounds
-// the store call. It returns ErrClosed after Close, an error wrapping
-// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
+// Leader reads who leads now from the store, as a LockInfo of the election's key, with
+// Held false and every field but Key zero when nobody leads. It may name another instance
+// while IsLeader is still true. ctx bounds the store call. It returns ErrClosed after
+// Close, an error wrapping errors.ErrUnsupported on a type that embeds a Store, or the
+// store's error.
 func (e *Election) Leader(ctx context.Context) (LockInfo, error) {
 	if e.c.isClosed() {
 		return LockInfo{}, ErrClosed

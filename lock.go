@@ -36,9 +36,9 @@ func (l *Lock) Permit() int { return l.permit }
 // random suffix.
 func (l *Lock) Owner() string { return l.entry.Owner }
 
-// Token returns the fencing token: positive, and greater than the token of every
-// earlier acquisition of the key (of the permit, for a permit of a semaphore). Write it with what the lock protects (see
-// FenceUpdate) so that a paused former holder's late write is refused.
+// Token returns the fencing token: positive, and greater than the token of every earlier
+// acquisition of the key (of the permit, for a permit). Write it with what the lock
+// protects (see FenceUpdate) so that a paused former holder's late write is refused.
 func (l *Lock) Token() int64 { return l.token }
 
 // TTL returns the lock's ttl.
@@ -48,29 +48,22 @@ func (l *Lock) TTL() time.Duration { return l.entry.TTL }
 // loss, context.Cause is a *LockLostError. FromContext on it returns l.
 func (l *Lock) Context() context.Context { return l.ctx }
 
-// Held reports whether the lock is neither released nor lost, and its deadline (see the
-// package doc) has not passed on the client's clock, even if the renewer has not yet
-// run to say so. A paused process cannot know: see the package doc on fencing.
+// Held reports whether the lock is neither released nor lost and its deadline has not
+// passed on the client's clock, even if the renewer has not yet run to say so. A paused
+// process cannot know (see the package doc on fencing).
 func (l *Lock) Held() bool { return l.ctx.Err() == nil && l.c.renewer.Live(&l.entry) }
 
 // fresh reports whether the lock is Held and its renewal not overdue: the store's
 // expiry is more than half a ttl away.
 func (l *Lock) fresh() bool { return l.ctx.Err() == nil && l.c.renewer.Fresh(&l.entry) }
 
-// Release gives the lock back. It is idempotent and safe to call concurrently: every
-// call returns what the first returned, once the first has finished. The store call
-// runs on ctx detached from its cancellation, with a timeout, so a cancelled ctx still
-// releases; with New, it goes as a renewal does, on an idle connection of the pool or
-// one of the client's own, never behind the application's use of a busy pool (the
-// lock is no longer renewed meanwhile). It returns nil, a *LockLostError (ErrLockLost)
-// when the lock was lost before, ErrClosed when Close left it to expire, or the store's
-// error (the lock then expires after its ttl).
-//
-// On PostgreSQL a release does not wait for its commit to reach the disk (migration
-// 000009): a crash right after it can bring the lock back, held by this owner and
-// token, until the expiry it had. Nobody else holds the key meanwhile and the next
-// holder's token is still greater; the next holder just waits for that expiry. So write
-// nothing fenced with a lock's token after its Release.
+// Release gives the lock back. It is safe to call more than once and concurrently: every
+// call returns what the first returned, once the first has finished. A cancelled ctx
+// still releases (the call runs detached, with a timeout). It returns nil, a
+// *LockLostError when the lock was lost before, ErrClosed when Close left it to expire,
+// or the store's error (the lock then expires after its ttl). A crash right after a
+// release can bring the lock back until its expiry: write nothing fenced with its token
+// after Release (see the package doc, # Renewals and releases).
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	if l.ending != nil {

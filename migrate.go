@@ -47,12 +47,11 @@ var sqlScript = sync.OnceValue(func() string {
 	panic(err) // go generate writes every file Script reads
 })
 
-// SQL returns the schema that Migrations builds, as one script that creates it in one
-// transaction on a database without schema pglock (psql -f, a DBA's review), each
-// function defined once; it records the latest migration in pglock.schema_migrations,
-// so a later Migrate has nothing to do. On a database with schema pglock, of any
-// version, it raises an error (SQLSTATE 42P06) and changes nothing: upgrade with
-// Migrate or Migrations.
+// SQL returns the schema that Migrations builds as one script (psql -f, a DBA's review),
+// which creates it in one transaction on a database without schema pglock and records the
+// latest migration, so a later Migrate has nothing to do. On a database with schema
+// pglock it raises an error (SQLSTATE 42P06) and changes nothing: upgrade with Migrate or
+// Migrations.
 func SQL() string { return sqlScript() }
 
 // migrationsTable keeps golang-migrate's bookkeeping in pglock's own schema, so it never
@@ -60,16 +59,11 @@ func SQL() string { return sqlScript() }
 const migrationsTable = `"pglock"."schema_migrations"`
 
 // Migrate brings the pglock schema in the database that databaseURL names up to date,
-// with golang-migrate and the migrations table pglock.schema_migrations. databaseURL
-// is anything pgx accepts: a postgres:// or postgresql:// URL, a "key=value"
-// connection string, or "" for the libpq defaults (PGHOST, PGDATABASE, PGUSER, the
-// local socket...), so Migrate(ctx, os.Getenv("DATABASE_URL")) works with or without
-// the variable. It is safe to call from many instances at once: one migrates, the
-// others wait for it and find nothing to do.
-//
-// ctx bounds the connection and stops the migration between two steps; a step that
-// has started runs to its end. Errors are "pglock: migrate"-prefixed and wrap the
-// driver's error.
+// with golang-migrate and the table pglock.schema_migrations. databaseURL is anything pgx
+// accepts, "" meaning the libpq defaults (PGHOST, PGDATABASE...), so Migrate(ctx,
+// os.Getenv("DATABASE_URL")) works with or without the variable. It is safe to call from
+// many instances at once. ctx bounds the connection and stops the migration between two
+// steps. Errors are "pglock: migrate"-prefixed and wrap the driver's error.
 func Migrate(ctx context.Context, databaseURL string) error {
 	cfg, err := pgx.ParseConfig(databaseURL)
 	if err != nil {

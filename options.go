@@ -46,7 +46,7 @@ type AcquireOption interface{ acquireOption() option }
 type JobOption interface{ jobOption() option }
 
 // Option is an option that every call takes: a ClientOption, an AcquireOption and a
-// JobOption. The one Option is TTL. TryAcquire, Elect and the gocron adapters take
+// JobOption. The one Option is TTL; TryAcquire, Elect and the gocron adapters take
 // Options, so that nothing but TTL fits them.
 type Option interface {
 	ClientOption
@@ -111,11 +111,10 @@ func applyOptions[O any](s *settings, callName string, opts []O, get func(O) opt
 	return nil
 }
 
-// TTL sets how long a lock lives without a renewal, between MinTTL and MaxTTL: given to
-// New, the default of the client's locks (DefaultTTL when not set); given to
-// TryAcquire, Acquire, WithLock, Job, Elect or a gocron adapter, the ttl of its locks.
-// Locks are renewed every ttl/3; a holder that dies is replaced after about ttl. It is
-// an Option: every call takes it.
+// TTL sets how long a lock lives without a renewal, MinTTL to MaxTTL: given to New, the
+// default of the client's locks (DefaultTTL when not set); given to any other call, the
+// ttl of its locks. Locks are renewed every ttl/3; a holder that dies is replaced after
+// about ttl.
 func TTL(ttl time.Duration) Option {
 	return everyOpt{name: "TTL", apply: func(s *settings) error {
 		if ttl < MinTTL || ttl > MaxTTL {
@@ -127,8 +126,7 @@ func TTL(ttl time.Duration) Option {
 }
 
 // Wait bounds how long Acquire and WithLock wait for a held key, on the client's clock.
-// Zero means one attempt. Without Wait they wait until their ctx ends. It is an
-// AcquireOption: Acquire and WithLock take it.
+// Zero means one attempt; without Wait they wait until their ctx ends.
 func Wait(d time.Duration) AcquireOption {
 	return acquireOpt{name: "Wait", apply: func(s *settings) error {
 		if d < 0 {
@@ -139,10 +137,8 @@ func Wait(d time.Duration) AcquireOption {
 	}}
 }
 
-// WithLogger sets the client's logger; nil means slog.Default(). Routine acquisitions,
-// renewals, releases and skipped ticks log at debug, a job or leadership changing hands
-// at info, a lost lock at warn. Attribute keys are key, owner, token, ttl, reason and
-// err. It is a ClientOption.
+// WithLogger sets the client's logger; nil means slog.Default(). See the package
+// doc, # Events and logs, for what it logs at which level.
 func WithLogger(l *slog.Logger) ClientOption {
 	return clientOpt{name: "WithLogger", apply: func(s *settings) error {
 		s.logger = l
@@ -152,7 +148,7 @@ func WithLogger(l *slog.Logger) ClientOption {
 
 // WithClock sets the clock the client renews, waits and counts deadlines on; nil means
 // the real clock. Expiry is always measured by the store. Tests use
-// pglocktest.ManualClock. It is a ClientOption.
+// pglocktest.ManualClock.
 func WithClock(clock Clock) ClientOption {
 	return clientOpt{name: "WithClock", apply: func(s *settings) error {
 		s.clock = clock
@@ -161,8 +157,8 @@ func WithClock(clock Clock) ClientOption {
 }
 
 // WithInstanceName sets the prefix of every owner id the client draws (default
-// "hostname/pid"), so the locks table says which instance holds what. It must be 1 to
-// 200 characters of valid UTF-8 without NUL bytes. It is a ClientOption.
+// "hostname/pid"), so the locks table says which instance holds what: 1 to 200 characters
+// of valid UTF-8 without NUL bytes.
 func WithInstanceName(name string) ClientOption {
 	return clientOpt{name: "WithInstanceName", apply: func(s *settings) error {
 		if name == "" || utf8.RuneCountInString(name) > maxInstanceLength || !validText(name) {
@@ -173,17 +169,11 @@ func WithInstanceName(name string) ClientOption {
 	}}
 }
 
-// WithEventHandler adds a function called with every Event, in order, on one goroutine
-// of the client's own: a slow handler delays later events, never renewals or callers.
-// Given more than once, it adds each handler: every one gets every event, in the order
-// the options were given (a metrics handler beside a log or a test's own, for one).
-// Up to 4096 events wait while the handlers are slow; beyond that, new events are
-// dropped rather than held without bound (a handler that blocks forever costs no more
-// memory than that): each is counted in Health.EventsDropped, and the drops are logged
-// at Warn, at most every 10 s. Close waits for the queue to drain (bounded by its
-// ctx); an event that comes after Close has returned (a leader that Close gave up
-// waiting for steps down later) is dropped. A panic in the handler is recovered and
-// logged. It is a ClientOption.
+// WithEventHandler adds a function called with every Event, in order, on a goroutine of
+// the client's own; given more than once, every handler gets every event. A slow handler
+// delays later events, never renewals or callers; past 4096 waiting events, new ones are
+// dropped (Health.EventsDropped). A panic in it is recovered and logged. See the package
+// doc, # Events and logs.
 func WithEventHandler(h func(Event)) ClientOption {
 	return clientOpt{name: "WithEventHandler", apply: func(s *settings) error {
 		if h == nil {
@@ -194,14 +184,9 @@ func WithEventHandler(h func(Event)) ClientOption {
 	}}
 }
 
-// WithoutListener makes a Client of New wait by polling alone. By default such a client
-// opens one extra connection from its pool's configuration, the first time one of its
-// Acquire calls or elections has to wait, and LISTENs on it, so that a release of the
-// key wakes the waiter at once rather than at its next retry (a leader's Close or
-// Resign hands over within milliseconds, not ttl/3). Use it to spare the
-// connection; behind PgBouncer in transaction mode, where LISTEN does not work, use it
-// or WithListenerConnString (waiters still get the key without either, by polling). Clients
-// of NewWithStore always poll. It is a ClientOption.
+// WithoutListener makes a Client of New wait by polling alone, sparing the connection it
+// would LISTEN on for releases (see the package doc, # Waking waiters). Use it, or
+// WithListenerConnString, behind PgBouncer in transaction mode.
 func WithoutListener() ClientOption {
 	return clientOpt{name: "WithoutListener", apply: func(s *settings) error {
 		s.noListen = true
@@ -209,13 +194,11 @@ func WithoutListener() ClientOption {
 	}}
 }
 
-// WithListenerConnString sets the connection string of the extra connection that a
-// Client of New LISTENs on, instead of the pool's own configuration: point it at
-// PostgreSQL directly while the pool goes through PgBouncer in transaction mode, where
-// LISTEN does not work (waiters then only poll). It must be a non-empty connection
-// string that pgx.ParseConfig accepts, on the pool's database, where the releases are
-// notified. It is a ClientOption: it applies to New, and to NewWithStore with a store of
-// NewPostgresStore or NewSQLStore, which otherwise polls; WithoutListener overrides it.
+// WithListenerConnString sets the connection string, non-empty and accepted by
+// pgx.ParseConfig, of the connection a Client LISTENs on for releases, on the pool's
+// database: PostgreSQL directly while the pool goes through PgBouncer in transaction
+// mode. It applies to New, and to NewWithStore on NewPostgresStore or NewSQLStore, which
+// otherwise poll; WithoutListener overrides it. See the package doc, # Waking waiters.
 func WithListenerConnString(connString string) ClientOption {
 	return clientOpt{name: "WithListenerConnString", apply: func(s *settings) error {
 		if connString == "" {
@@ -238,20 +221,11 @@ func listenOn(cfg *pgx.ConnConfig) ClientOption {
 	}}
 }
 
-// OnOneInstance runs the job on one instance: the first instance whose tick comes
-// takes the job's lease, the lock "<key>:owner", and keeps it, renewed, between ticks
-// for as long as its Client is up; it runs every tick. The other instances skip each
-// tick. When the owner dies, its lease expires after the ttl, on the database clock,
-// and the first tick after that, on any instance, takes the job over; when it closes
-// its Client, it hands the lease back at once (see Client.Close). Missed ticks are not
-// caught up.
-//
-// The lease vouches that no two instances run the same tick, so a tick it cannot vouch
-// for is skipped (ReasonLeaseInDoubt): on the owner, when its renewal is overdue; on
-// another instance, when its take is answered more than a third of the ttl after the
-// tick began (an owner paused past its lease may have run that tick). Ticks of the
-// same time that fire more than a sixth of the ttl apart on two instances can both
-// run: keep the ttl well above the clocks' skew and the scheduler's jitter. It is a JobOption: Client.Job takes it.
+// OnOneInstance runs the job on one instance: the first whose tick comes takes the job's
+// lease, "<key>:owner", and keeps it while its Client is up; the other instances skip
+// each tick until the lease is handed back or expires. A tick the lease cannot vouch for
+// is skipped (ReasonLeaseInDoubt): keep the ttl well above the clocks' skew and the
+// scheduler's jitter. See the package doc, # Jobs.
 func OnOneInstance() JobOption {
 	return jobOpt{name: "OnOneInstance", apply: func(s *settings) error {
 		s.oneInstance = true
@@ -259,10 +233,9 @@ func OnOneInstance() JobOption {
 	}}
 }
 
-// WithoutOverlapping keeps a run from overlapping another run of the job: a run holds
-// the run lock "<key>", renewed, from its start to its end, and a tick that finds it
-// held is skipped, on this instance or any other. Without OnOneInstance it means "any
-// instance, one run at a time". It is a JobOption: Client.Job takes it.
+// WithoutOverlapping keeps a run from overlapping another run of the job, on this
+// instance or any other: a run holds the run lock "<key>", and a tick that finds it held
+// is skipped. Without OnOneInstance it means "any instance, one run at a time".
 func WithoutOverlapping() JobOption {
 	return jobOpt{name: "WithoutOverlapping", apply: func(s *settings) error {
 		s.withoutOverlapping = true
@@ -270,16 +243,10 @@ func WithoutOverlapping() JobOption {
 	}}
 }
 
-// AtMost lets up to n runs of the job be in progress at once across the fleet: a run
-// holds a permit of the semaphore of the job's key with n permits (see
-// Client.Semaphore), renewed, from its start to its end, and a tick that finds all n
-// permits held is skipped (ReasonLimitReached), on this instance or any other. Inside
-// fn, FromContext returns the permit, whose Token fences fn's writes (give each permit
-// rows of its own: Lock.Permit). n is 1 to MaxPermits (ErrInvalidArgument). It goes
-// alone: with WithoutOverlapping it would ask for two run limits at once (AtMost(1) is
-// "one run at a time"), and with OnOneInstance for runs on one instance only, where a
-// limit across the fleet means nothing; Client.Job refuses both with
-// ErrInvalidArgument. It is a JobOption: Client.Job takes it.
+// AtMost lets up to n runs of the job, 1 to MaxPermits, be in progress at once across the
+// fleet: each run holds a permit of the semaphore of the job's key, and a tick that finds
+// all n held is skipped (ReasonLimitReached). It goes alone: Client.Job refuses it with
+// WithoutOverlapping or OnOneInstance (ErrInvalidArgument). See the package doc, # Jobs.
 func AtMost(n int) JobOption {
 	return jobOpt{name: "AtMost", apply: func(s *settings) error {
 		if n < 1 || n > MaxPermits {

@@ -51,15 +51,10 @@ type Client struct {
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
 // have the pglock schema (see Migrate). The pool stays the caller's: close it after
-// Client.Close. A renewal never waits for pool's connections behind the application:
-// when pool has no idle connection, it goes through a pool of the client's own of one
-// or two connections, made from pool's configuration soon after the client first holds
-// a lock (see NewPostgresStore). Unless WithoutListener is set, waiting also listens for releases on a
-// connection of its own, opened when first needed from the pool's configuration, or
-// from WithListenerConnString's (PostgreSQL itself when the pool goes through
-// PgBouncer). pglock's statements work through PgBouncer in transaction mode whatever
-// the pool's DefaultQueryExecMode (see NewPostgresStore).
-// Errors wrap ErrInvalidArgument and name the option at fault.
+// Client.Close. The client may open a few connections of its own from pool's
+// configuration, for renewals and to listen for releases (see the package doc, # Renewals
+// and releases and # Waking waiters). Errors wrap ErrInvalidArgument and name the option
+// at fault.
 func New(pool *pgxpool.Pool, opts ...ClientOption) (*Client, error) {
 	if pool == nil {
 		return nil, invalidArg("New: nil pool")
@@ -68,8 +63,8 @@ func New(pool *pgxpool.Pool, opts ...ClientOption) (*Client, error) {
 }
 
 // NewWithStore returns a Client on store: one of NewPostgresStore or NewSQLStore, or
-// NewMemoryStore for one process (tests). Store says why there are no others. Errors
-// wrap ErrInvalidArgument and name the option at fault.
+// NewMemoryStore for one process (tests). Errors wrap ErrInvalidArgument and name the
+// option at fault.
 func NewWithStore(store Store, opts ...ClientOption) (*Client, error) {
 	if store == nil {
 		return nil, invalidArg("NewWithStore: nil store")
@@ -294,21 +289,12 @@ func (c *Client) onClose(f func(ctx context.Context) error) {
 	c.mu.Unlock()
 }
 
-// Close shuts the client down. It refuses new acquisitions, runs and campaigns; cancels,
-// with ErrClosed as the cause, every WithLock function, job run and leader's OnAcquired
-// in progress, and waits for each to return; only then hands its lock back (a job's
-// lease is kept for the rest of the second after its last run started: see Job).
-// Locks the caller took with TryAcquire or Acquire and still holds have their Context
-// cancelled with ErrClosed and are released. Then it marks its jobs' and elections'
-// registrations closed (see Registration), stops its renewer and delivers the events
-// still queued. Before that, the releases of failed acquisitions still pending
-// are made once more and stopped (see TryAcquire).
-//
-// Store calls run on a context detached from ctx's cancellation, with a timeout. ctx
-// bounds the whole: when it ends first, Close stops waiting and returns ctx's cause,
-// and every lock not yet handed back is no longer renewed and expires on the database
-// clock after its ttl: a key is never handed back while code that holds it may still
-// run. Calling Close again returns nil.
+// Close shuts the client down. It refuses new work, cancels every WithLock function, job
+// run and leader's OnAcquired with ErrClosed as the cause, waits for each to return, and
+// only then hands the locks back; locks taken with TryAcquire or Acquire have their
+// Context cancelled with ErrClosed and are released. ctx bounds the whole: when it ends
+// first, Close returns ctx's cause and the locks not yet handed back expire after their
+// ttl. Calling Close again returns nil. See the package doc, # Shutdown.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if c.closed {

@@ -26,47 +26,12 @@ const queueBound = time.Second
 // three lost or late polls in a row do not yet make it look dead.
 const queueHeartbeat = queueBound / 4
 
-// Fair makes Acquire and WithLock wait in the key's queue, shared by every client of
-// the database: the waiter that arrived first, on any instance, is served first, and a
-// release hands the key straight to it in the same statement (one acquisition
-// statement per handover, not a race). It is an AcquireOption.
-//
-// Semaphore.Acquire and WithPermit with Fair wait in the semaphore's queue (apart from
-// the queue of a lock of the same key): a permit's release hands that permit to the
-// head of the queue when the head's number of permits allows it (fewer live holders
-// than it, and the permit's number within it); a waiter whose turn came without a
-// release (a holder expired, the number grew) takes the lowest free permit at its next
-// poll, when fewer live waiters are ahead of it than it has free permits.
-//
-// The bound: a fair waiter that dies, is paused or gives up without leaving stalls the
-// queue for at most about Q + Q/4, Q = 1 s on the database clock: it is skipped once Q
-// has passed since its last poll (a live waiter polls at least every Q/4), and a key granted to
-// it that it does not claim within Q goes to the next live waiter at that waiter's next
-// poll. A waiter paused longer than Q keeps its place and is served when it polls again
-// (not polled for a minute, it queues again at the back). A waiter whose ctx ends, whose
-// Wait passes or whose Client closes leaves the queue, passing on a grant it had. A
-// waiter that dies after its poll claimed the key (the reply lost, say, to a partition)
-// holds it as any holder does: until its ttl passes.
-//
-// What it costs: a row per waiter and a poll (an unflushed write) every Q/4 per waiter,
-// and, for the waiter served, one round trip more than a plain acquisition (the claim).
-// While a client's listener starts (its first second or so after New), no grant can
-// wake its waiters: the one served finds out at its next poll, every few milliseconds
-// for the few next in line, so the slowest handovers of a crowd that starts with its
-// clients are about twice a plain crowd's (p99 13-33 ms against 7 on 2 cores,
-// BENCHMARKS.md), where its median and its p99 once listening are better.
-// So it is a choice, not the default: jobs and elections never wait, and callers that
-// do not ask for it keep today's behaviour.
-//
-// While a live fair waiter is queued on a key (a semaphore), the key is the queue's:
-// TryAcquire, and Acquire without Fair, fail even when the key (a permit) is free at that moment (a grant not
-// claimed yet, a holder that just expired), since an attempt from outside the queue
-// that could take a free key would starve the waiters queued for it. Fair waiters need
-// the listener (New's default) to be woken when the key is theirs; without one, they
-// find out at their next poll, Q/4 later at most. A Store that embeds another has no
-// queue, nor does a PostgreSQL store inside a transaction of the caller's (a pgx.Tx, or
-// a connection with one open), whose wait would hold the key's row locked: Acquire with
-// Fair returns an error wrapping errors.ErrUnsupported.
+// Fair makes Acquire and WithLock (Semaphore.Acquire and WithPermit) wait in the key's
+// (the semaphore's) queue, shared by every client of the database: the waiter that
+// arrived first, on any instance, is served first. While a fair waiter is queued,
+// TryAcquire and Acquire without Fair fail even on a free key. With a Store that embeds
+// another, or a PostgreSQL store in a transaction of the caller's, Acquire returns an
+// error wrapping errors.ErrUnsupported. See the package doc, # Fair queue.
 func Fair() AcquireOption {
 	return acquireOpt{name: "Fair", apply: func(s *settings) error {
 		s.fair = true
@@ -140,12 +105,9 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 		// queue, which the next grant goes to, is the first of its client's waiters,
 		// whatever the clients: one waiter per client polls, as in a plain crowd, and a
 		// grant is claimed within startingPollEvery; and the waiter that a grant goes to
-		// mostly polls every few milliseconds by then, having been next but one. (Only
-		// the head polling, the next head found out at its next heartbeat, up to Q/4
-		// later: the start of a crowd of 100 fair waiters over 20 clients had a handover
-		// p99 of 117-208 ms, against 54-94 ms plain; with the firsts polling but not the
-		// next in line, 104-142 ms. Until queueing told the place (000026), the first
-		// grant of a crowd went to a waiter that had not polled yet, at the firsts' pace.)
+		// mostly polls every few milliseconds by then, having been next but one. With
+		// the head alone polling fast, the next head would find out at its next
+		// heartbeat, up to Q/4 later (BENCHMARKS.md: the fair crowd's start).
 		pause := queueHeartbeat - rand.N(queueHeartbeat/4)
 		var every time.Duration // the longest pause while the listener starts; 0: the heartbeat's
 		if c.listener.isStarting() {

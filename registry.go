@@ -30,10 +30,8 @@ const (
 	kindElection = "election"
 )
 
-// Registration says that an instance registered a job or an election (Client.Job,
-// Elect, a GocronLocker's first Lock of a job, GocronElector), as the store keeps it.
-// An instance refreshes its registrations every 5 minutes while its client is open,
-// and marks them closed at Close; the store forgets those not seen for 7 days.
+// Registration says that an instance registered a job or an election, as the store keeps
+// it (see the package doc, # Run history and registrations).
 type Registration struct {
 	Instance   string            // the instance's name (WithInstanceName)
 	Registered time.Time         // its last registration by that instance, on the store's clock
@@ -79,12 +77,9 @@ type registryRow struct {
 	Registration
 }
 
-// Elections returns every election registered in the store (by Elect or GocronElector,
-// on any instance, not forgotten: see Registration), sorted by key, each as a LockInfo
-// of its key as Election.Leader reads it: Held with the leader's Owner, Instance,
-// Token and expiry, or Held false and every field but Key zero when nobody leads. ctx
-// bounds the store call. Errors: an error wrapping errors.ErrUnsupported on a type
-// that embeds a Store, or the store's error. It is safe for concurrent use.
+// Elections returns every election registered on any instance, sorted by key, each as
+// Election.Leader reads it. ctx bounds the store call. Errors: an error wrapping
+// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
 func (c *Client) Elections(ctx context.Context) ([]LockInfo, error) {
 	b, err := c.backend("list elections", "keeps no registry")
 	if err != nil {

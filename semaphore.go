@@ -52,43 +52,21 @@ func checkSemaphore(key string, permits int) error {
 }
 
 // Semaphore is a semaphore of a Client: at most Permits holders at once, across every
-// instance that asks for the same number, each holding one permit, numbered 1 to
-// Permits. A permit, once taken, is a *Lock like any other: renewed in the background
-// until Release or Close, its Context cancelled when it is lost, its Token a fencing
-// token that grows with each acquisition of the permit. Lock.Key is the semaphore's
-// key and Lock.Permit the permit's number. It holds no state of its own (the store
-// does): Semaphores of the same key and Client may be made at will, and its methods
-// are safe for concurrent use.
-//
-// # Fencing a write with a permit's token
-//
-// FenceHeld(query, l.Key(), l.Token()) works for a permit as for a lock: the write
-// happens only while that permit is held live, on the database clock. FenceUpdate
-// fences by token per row: several permits are held at once, so give each permit
-// rows of its own, for instance a slot column equal to l.Permit() in the WHERE, and a
-// paused holder's late write to its slot is refused once the permit has a newer
-// holder.
-//
-// # Changing the number of permits
-//
-// Each acquisition says how many permits the semaphore has: the number of its
-// Semaphore. A smaller number grants no permit above it, and no permit at all while the
-// semaphore has that many live holders or more; holders of permits above it keep
-// them until they release. Never more live holders than permits when every instance
-// asks for the same number.
+// instance that asks for the same number, each holding one permit, numbered 1 to Permits.
+// A permit, once taken, is a *Lock like any other, with Lock.Key the semaphore's key and
+// Lock.Permit the permit's number. It holds no state of its own: make Semaphores at will.
+// Its methods are safe for concurrent use. See the package doc, # Semaphores.
 type Semaphore struct {
 	c       *Client
 	key     string
 	permits int
 }
 
-// Semaphore returns the semaphore of key with permits permits. It makes no call: a
-// permit is taken by TryAcquire, Acquire or WithPermit. key is a key as for a lock
-// (ErrInvalidKey), of at most MaxKeyLength-5 characters: a permit's row in the store
-// is key, U+001F and the permit's number. permits is 1 to MaxPermits
-// (ErrInvalidArgument). A semaphore's key and a lock's key are apart: a lock of the
-// same key is another thing. On a type that embeds a Store it returns an error
-// wrapping errors.ErrUnsupported.
+// Semaphore returns the semaphore of key with permits permits, 1 to MaxPermits
+// (ErrInvalidArgument), without a store call. key is checked as a lock's key
+// (ErrInvalidKey) and has at most MaxKeyLength-5 characters; a lock of the same key is
+// another thing. On a type that embeds a Store it returns an error wrapping
+// errors.ErrUnsupported.
 func (c *Client) Semaphore(key string, permits int) (*Semaphore, error) {
 	if err := checkSemaphore(key, permits); err != nil {
 		return nil, err
@@ -105,10 +83,9 @@ func (s *Semaphore) Key() string { return s.key }
 // Permits returns how many permits the semaphore has.
 func (s *Semaphore) Permits() int { return s.permits }
 
-// TryAcquire makes one attempt to take a permit: the lowest free one. It returns a
-// *Lock, or ErrNotAcquired (errors.Is) when the semaphore has Permits live holders or
-// more; its other errors, what ctx bounds, and the hand-back of a grant whose reply
-// was lost, are Client.TryAcquire's.
+// TryAcquire makes one attempt to take a permit, the lowest free one. It returns an error
+// matching ErrNotAcquired when the semaphore has Permits live holders or more; its other
+// errors, and what ctx bounds, are Client.TryAcquire's.
 func (s *Semaphore) TryAcquire(ctx context.Context, opts ...Option) (*Lock, error) {
 	c := s.c
 	start := c.clock.Now()
@@ -123,10 +100,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context, opts ...Option) (*Lock, erro
 	return l, nil
 }
 
-// Acquire takes a permit, waiting while all are held, as Client.Acquire waits for a
-// key: with backoff, until Wait(d) has passed, until ctx ends or until Close. With a
-// listener, the release of any permit of the semaphore wakes one of this client's
-// waiters for it at once. Its errors are Client.Acquire's.
+// Acquire takes a permit, waiting while all are held, as Client.Acquire waits for a key;
+// its errors are Client.Acquire's.
 func (s *Semaphore) Acquire(ctx context.Context, opts ...AcquireOption) (*Lock, error) {
 	c := s.c
 	start := c.clock.Now()
@@ -141,9 +116,9 @@ func (s *Semaphore) Acquire(ctx context.Context, opts ...AcquireOption) (*Lock, 
 	return l, nil
 }
 
-// WithPermit takes a permit as Acquire does, runs fn under it, and releases it when fn
-// returns or panics, as Client.WithLock does for a lock (fn's ctx, FromContext inside
-// fn, Close and the errors are WithLock's). A nil fn is ErrInvalidArgument.
+// WithPermit takes a permit as Acquire does, runs fn under it and releases it when fn
+// returns or panics, as Client.WithLock does (fn's ctx, FromContext, Close and the errors
+// are WithLock's). A nil fn is ErrInvalidArgument.
 func (s *Semaphore) WithPermit(ctx context.Context, fn func(ctx context.Context) error, opts ...AcquireOption) error {
 	c := s.c
 	start := c.clock.Now()
@@ -157,11 +132,10 @@ func (s *Semaphore) WithPermit(ctx context.Context, fn func(ctx context.Context)
 	return c.withLock(ctx, s.target(), lc, start, fn)
 }
 
-// ForceRelease ends the lease of permit's live holder, whoever it is, as
-// Client.ForceRelease does for a key, and returns the permit as it was (Key the
-// semaphore's, Permit permit). ErrNotHeld when no live holder has the permit; permit
-// out of 1 to MaxPermits is ErrInvalidArgument. What ctx bounds and the other errors
-// are Client.ForceRelease's.
+// ForceRelease ends the lease of permit's live holder, as Client.ForceRelease does for a
+// key, and returns the permit as it was. It returns ErrNotHeld when no live holder has
+// the permit, and ErrInvalidArgument for a permit out of 1 to MaxPermits; what ctx bounds
+// and the other errors are Client.ForceRelease's.
 func (s *Semaphore) ForceRelease(ctx context.Context, permit int) (LockInfo, error) {
 	if permit < 1 || permit > MaxPermits {
 		return LockInfo{}, invalidArg("Semaphore.ForceRelease: permit %d: want 1 to %d", permit, MaxPermits)

@@ -9,26 +9,11 @@ import (
 )
 
 // Store keeps the locks that every instance shares. Each method is atomic and measures
-// expiry on the store's own clock: of any number of concurrent callers of Acquire for
-// one key, exactly one wins. An expired lock does not exist for any method.
-//
-// Store is closed: NewPostgresStore, NewSQLStore and NewMemoryStore make the only
-// stores there are, and nothing outside this package can implement it. Every atomic
-// check of pglock runs in PostgreSQL, on the database clock, in SQL functions that
-// Migrate installs (lock_acquire, lock_renew_many, lock_held for fenced writes, the
-// NOTIFY of a release, the job history, lock_prune): a store written elsewhere could
-// give neither those guarantees nor what fencing tokens and the history mean, and
-// most of a Client (Locks, ForceRelease, Prune, the job history, the listener that
-// wakes waiters, batched renewal, Election.Leader) needs far more of a store than the
-// three methods below. The memory store is there for tests: NewWithStore on
-// NewMemoryStore runs a Client in one process, on a clock the test moves.
-//
-// A type that embeds a Store is a Store too: the client makes its lock calls through
-// that type's Acquire, Renew and Release (how a test injects a fault), and renews its
-// locks one by one. Such a type has nothing else: Locks, ForceRelease, Prune, JobRuns,
-// JobStatuses and Election.Leader on it return an error wrapping
-// errors.ErrUnsupported, jobs run without a history, and waiters poll rather than
-// being woken by a release.
+// expiry on the store's own clock: of any number of concurrent callers of Acquire for one
+// key, exactly one wins. An expired lock does not exist for any method. Store is closed:
+// NewPostgresStore, NewSQLStore and NewMemoryStore make the only stores there are. A type
+// that embeds a Store is a Store too, with the three calls only. See the package
+// doc, # Stores.
 type Store interface {
 	// Acquire takes key for owner for ttl if no live lock holds it, and returns its
 	// fencing token: positive, and greater than every token the key had before.

@@ -9,11 +9,9 @@ import (
 )
 
 // NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
-// clock (nil means the real clock). It excludes callers in one process only: instances
-// of an application must share a PostgreSQL store instead: it is there for tests, as
-// NewWithStore(NewMemoryStore(clock), WithClock(clock)). Every feature of a Client
-// works on it but the listener, which needs PostgreSQL's NOTIFY: waiters poll. It is
-// safe for concurrent use.
+// clock (nil means the real clock), for tests: NewWithStore(NewMemoryStore(clock),
+// WithClock(clock)). It excludes callers in one process only. Every feature of a Client
+// works on it but the listener: waiters poll. It is safe for concurrent use.
 func NewMemoryStore(clock Clock) Store {
 	if clock == nil {
 		clock = realClock{}

@@ -17,45 +17,22 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have
-// it. A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it.
-// The store releases a lock, and a waiter marks a held key, in a transaction of its own
-// without waiting for the WAL flush (lock_release_async, lock_acquire_or_want); inside
-// the caller's transaction (a pgx.Tx, or a *pgx.Conn on which one is open) it uses
-// statements that leave the caller's commit as durable as the caller set it (an
-// acquisition makes it durable, whatever the caller set). Behind a pooler the store passes pgx.QueryExecModeExec as the first argument of its
-// calls (see NewPostgresStore): a Queryer that wraps pgx must pass its arguments on as
-// they are.
+// Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have it.
+// A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it. A
+// Queryer that wraps pgx must pass its arguments on as they are (see the package
+// doc, # PgBouncer, query modes and retries).
 type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx:
-// every feature of a Client works on it (with NewWithStore, a release wakes waiters
-// only given WithListenerConnString; else they poll). Every call is one statement calling one of the
-// schema's functions. It works behind PgBouncer in transaction mode whatever the pool's
-// DefaultQueryExecMode: the default mode's named prepared statements belong to one
-// server connection, which PgBouncer hands to another client at the end of each
-// transaction, so at the first statement that meets a missing or duplicate prepared
-// statement, the store sends it again and from then on runs every statement with
-// pgx.QueryExecModeExec (nothing kept on a connection). Straight to PostgreSQL, it
-// keeps the pool's mode and its cost. A statement that PostgreSQL rolls back with a
-// serialization failure or a deadlock (a pool whose default_transaction_isolation is
-// repeatable read or serializable) is sent again in a READ COMMITTED transaction, in one
-// message with its BEGIN and COMMIT so that the server never waits on the client while
-// the statement's row locks are held, up to four tries in all (store_retry.go); Locks' listing, which may have read rows when it
-// fails, returns the error. On a database without the schema, or with one
-// older than this library, every call fails with an error that says to run Migrate and
-// wraps the server's *pgconn.PgError. With a nil db, every call fails with an error
-// wrapping ErrInvalidArgument, and NewWithStore refuses the store. A Client on a store
-// whose db is a *pgxpool.Pool never has a renewal wait for db's connections behind the
-// application: when db has no idle connection, it renews through a pool of its own of
-// two connections, made from db's configuration soon after the Client first holds a
-// lock (a sixth of its ttl: half-way to its first renewal; at once when a call finds db
-// busy before then), both kept open, closed by Client.Close (or on one of db's, should one come back
-// first); so does the hand-back of an acquisition abandoned in flight. On a *pgx.Conn
-// or a pgx.Tx, renewals and hand-backs go through db.
+// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx: every
+// feature of a Client works on it, behind PgBouncer in transaction mode too, whatever the
+// pool's DefaultQueryExecMode. On a database without the schema, or with one older than
+// this library, every call fails with an error that says to run Migrate and wraps the
+// server's *pgconn.PgError. With a nil db, every call fails with an error wrapping
+// ErrInvalidArgument, and NewWithStore refuses the store. See the package
+// doc, # PgBouncer, query modes and retries and # Renewals and releases.
 func NewPostgresStore(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
@@ -73,8 +50,8 @@ func pgxStore(calls *pgxCalls) *postgresStore {
 // the renewer makes one call per ttl group, side by side, and a hand-back may be in
 // flight; a second connection keeps another group going while one call waits (on a row
 // lock, on a link gone silent). Both are kept open: with one, two groups due together
-// made the second wait for a connection to start, over a second on a loaded machine (a
-// lock of 1.5 s lost so, in a fresh-clone CI run).
+// made the second wait for a connection to start, over a second on a loaded machine, long
+// enough to lose a short lock.
 const renewalConns = 2
 
 // renewals is the way a Client's renewer reaches the store. On the pgx store on a
@@ -123,11 +100,11 @@ func newRenewals(store Store) *renewals {
 // active reports whether r has a pool to make: else renewals go through the store.
 func (r *renewals) active() bool { return r.cfg != nil }
 
-// warmSoon makes the own pool (warm) after ownPoolDelay(ttl), unless it is made or on
-// its way: a client's first lock often comes in a burst of its own start (a deploy of
-// many instances, a crowd of new clients on one key), where two more connections per
-// client to start would slow every statement of the burst on the server (a cold crowd
-// of 20 new clients on 2 cores: the handover p50 doubled, BENCHMARKS.md, session 12).
+// warmSoon makes the own pool (warm) after ownPoolDelay(ttl), unless it is made or on its
+// way: a client's first lock often comes in a burst of its own start (a deploy of many
+// instances, a crowd of new clients on one key), where two more connections per client to
+// start would slow every statement of the burst on the server (BENCHMARKS.md: own
+// connections opened half-way to the first renewal).
 func (r *renewals) warmSoon(ttl time.Duration) {
 	if r.cfg == nil {
 		return
@@ -196,11 +173,10 @@ func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error
 }
 
 // firstConn returns a connection of own or of app, whichever pool hands one out first,
-// and puts back the other's if it comes too: a call waits for its own pool's
-// connections (a renewal of another ttl group, a connection starting), never for the
-// application, but takes one of the application's that comes back sooner. Over a slow
-// link both can be busy for longer than a lease: a hand-back in a torture run waited
-// 1.3 s for the own pool's. It returns the first error when neither gave one.
+// and puts back the other's if it comes too: a call waits for its own pool's connections
+// (a renewal of another ttl group, a connection starting), never for the application, but
+// takes one of the application's that comes back sooner, since over a slow link both can
+// be busy for longer than a lease. It returns the first error when neither gave one.
 func firstConn(ctx context.Context, own, app *pgxpool.Pool) (*pgxpool.Conn, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -235,9 +211,8 @@ func firstConn(ctx context.Context, own, app *pgxpool.Pool) (*pgxpool.Conn, erro
 
 // releaseMany makes a hand-back's call (handBacks) as a renewal is made: on an idle
 // connection of the application's pool, else on the own pool's, never behind the
-// application's use of its pool. A hand-back must land before its grant expires; in a
-// torture run, one waited 437 ms for a connection of a pool that the worker's open
-// fenced transactions filled, and landed after the expiry.
+// application's use of its pool. A hand-back must land before its grant expires, and a
+// pool filled by open fenced transactions can hold a call past that.
 func (r *renewals) releaseMany(ctx context.Context, keys, owners []string) (released []int, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		released, err = s.releaseMany(ctx, keys, owners)
@@ -425,13 +400,11 @@ func withExecMode(args []any) []any {
 	return append(append(make([]any, 0, len(args)+1), pgx.QueryExecModeExec), args...)
 }
 
-// NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql
-// users, with any PostgreSQL driver (pgx's stdlib, lib/pq): every feature of a Client
-// works on it (a release wakes waiters only given WithListenerConnString; else they
-// poll). On a database without the schema, or with one older than this library, every call
-// fails with an error that says to run Migrate and wraps the driver's. With a nil db,
-// every call fails with an error wrapping ErrInvalidArgument, and NewWithStore refuses
-// the store.
+// NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql, with
+// any PostgreSQL driver (pgx's stdlib, lib/pq): every feature of a Client works on it.
+// Without the schema, or with an older one, every call fails with an error that says to
+// run Migrate and wraps the driver's; with a nil db, with one wrapping
+// ErrInvalidArgument, and NewWithStore refuses the store.
 func NewSQLStore(db *sql.DB) Store {
 	if db == nil {
 		return invalidStore(invalidArg("NewSQLStore: nil db"))
