@@ -1,7 +1,6 @@
 package pglock
 
 import (
-	"context"
 	"time"
 )
 
@@ -31,23 +30,3 @@ type realClock struct{}
 func (realClock) Now() time.Time { return time.Now() }
 
 func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
-
-// sleep waits d on the client's clock, or until ctx ends (returning its cause).
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	return c.sleepOrWake(ctx, d, nil)
-}
-
-// sleepOrWake is sleep that also returns, with nil, when wake fires (nil never does).
-func (c *Client) sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
-	done := make(chan struct{})
-	t := c.clock.AfterFunc(d, func() { close(done) })
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-wake:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}

@@ -272,3 +272,14 @@ func (e *Election) logPanic(err error) {
 	e.c.logger.Error("pglock: leader callback panicked", slog.String("key", e.key), slog.Any("err", err),
 		slog.String("stack", string(debug.Stack())))
 }
+
+// Elections returns every election registered on any instance, sorted by key, each as
+// Election.Leader reads it. ctx bounds the store call. Errors: an error wrapping
+// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
+func (c *Client) Elections(ctx context.Context) ([]LockInfo, error) {
+	b, err := c.backend("list elections", "keeps no registry")
+	if err != nil {
+		return nil, err
+	}
+	return b.elections(ctx)
+}

@@ -1,8 +1,10 @@
 package pglock
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -197,4 +199,74 @@ func closeConn(ctx context.Context, conn *pgx.Conn) {
 	ctx, cancel := detached(ctx)
 	defer cancel()
 	_ = conn.Close(ctx)
+}
+
+// The listener's side of the fair queue (queue.go): the fair waiters it wakes, and the
+// client's lines of each queue.
+
+// fairWait registers the fair waiter of owner and returns the channel the grant of its
+// key, and Close, signal.
+func (l *listener) fairWait(owner string) <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		ch <- struct{}{}
+		return ch
+	}
+	l.fair[owner] = ch
+	return ch
+}
+
+// fairQueued starts the listener's connection, for a fair waiter that is queued.
+func (l *listener) fairQueued() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.start()
+}
+
+// fairEntry is a queued fair waiter of the client: its ticket, and the owner by which its
+// wake-up is registered.
+type fairEntry struct {
+	ticket int64
+	owner  string
+}
+
+// fairLine moves owner's waiter in the client's line of queue line from ticket from to
+// ticket to (0: out of the line). When the first of the line leaves while the listener
+// starts, the new first is woken, to poll from now on as the first does.
+func (l *listener) fairLine(line string, from, to int64, owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	es := l.lines[line]
+	if i := slices.IndexFunc(es, func(e fairEntry) bool { return e.ticket == from }); from != 0 && i >= 0 {
+		es = slices.Delete(es, i, i+1)
+		if i == 0 && len(es) > 0 && l.starting {
+			signal(l.fair[es[0].owner])
+		}
+	}
+	if to != 0 {
+		i, _ := slices.BinarySearchFunc(es, to, func(e fairEntry, t int64) int { return cmp.Compare(e.ticket, t) })
+		es = slices.Insert(es, i, fairEntry{ticket: to, owner: owner})
+	}
+	if len(es) == 0 {
+		delete(l.lines, line)
+	} else {
+		l.lines[line] = es
+	}
+}
+
+// fairFirst reports whether ticket is the first of the client's line of queue line.
+func (l *listener) fairFirst(line string, ticket int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	es := l.lines[line]
+	return len(es) > 0 && es[0].ticket == ticket
+}
+
+// fairDone unregisters the fair waiter of owner.
+func (l *listener) fairDone(owner string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.fair, owner)
 }

@@ -162,3 +162,26 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 	l, ok := ctx.Value(lockContextKey{}).(*Lock)
 	return l, ok
 }
+
+// releaseDetached hands key back for owner on a detached context, as a renewal is made
+// (renewals.Release): a lock being released is no longer renewed, so a release queued
+// behind the application's use of a busy pool (a service shutting down, its requests
+// still running) would land after the expiry, and the next holder would wait for it.
+// A failed call is tried once more: a pooled connection whose backend was terminated
+// fails its next statement, and a lock left to expire would hold up the next holder for
+// a whole ttl.
+// released reports whether a call found the lock held by owner and released it; unsure,
+// that the first call failed and the second found nothing: the first may have released
+// it before failing, or the lock was gone already.
+func (c *Client) releaseDetached(ctx context.Context, key, owner string) (released, unsure bool, err error) {
+	ctx, cancel := detached(ctx)
+	defer cancel()
+	ok, err := c.release(ctx, key, owner)
+	if err == nil || ctx.Err() != nil {
+		return ok, false, err
+	}
+	if ok, err = c.release(ctx, key, owner); err != nil {
+		return false, false, err
+	}
+	return ok, !ok, nil
+}

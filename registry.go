@@ -77,17 +77,6 @@ type registryRow struct {
 	Registration
 }
 
-// Elections returns every election registered on any instance, sorted by key, each as
-// Election.Leader reads it. ctx bounds the store call. Errors: an error wrapping
-// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
-func (c *Client) Elections(ctx context.Context) ([]LockInfo, error) {
-	b, err := c.backend("list elections", "keeps no registry")
-	if err != nil {
-		return nil, err
-	}
-	return b.elections(ctx)
-}
-
 // registered queues what a Job, Elect, GocronElector or GocronLocker job registered
 // for the store, and for a job emits EventJobRegistered.
 func (c *Client) registered(kind, key string) {
