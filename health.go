@@ -17,11 +17,11 @@ type Health struct {
 	// so a holder turns unready before it loses a lock. It is true again once a store
 	// call succeeds and no renewal is overdue.
 	Ready bool
-	// Held is how many locks the client holds now: its callers', its jobs' and its
+	// LocksHeld is how many locks the client holds now: its callers', its jobs' and its
 	// elections' leases, and its semaphores' permits.
-	Held int
-	// Permits is how many of Held are permits of semaphores.
-	Permits int
+	LocksHeld int
+	// PermitsHeld is how many of LocksHeld are permits of semaphores.
+	PermitsHeld int
 	// Leading is how many of the client's elections it leads now.
 	Leading int
 	// LastRenewal is when the store last answered a renewal call, on the client's clock;
@@ -51,10 +51,10 @@ type Health struct {
 // closed. It is safe for concurrent use.
 func (c *Client) Health() Health {
 	c.mu.Lock()
-	h := Health{Held: len(c.held)}
+	h := Health{LocksHeld: len(c.held)}
 	for l := range c.held {
 		if l.permit > 0 {
-			h.Permits++
+			h.PermitsHeld++
 		}
 	}
 	closed := c.closed
@@ -74,7 +74,7 @@ func (c *Client) Health() Health {
 		h.Err = s.err
 	default:
 		if n := c.renewer.Overdue(); n > 0 {
-			h.Err = fmt.Errorf("pglock: renewal overdue for %d of %d locks held: none confirmed for half the ttl", n, h.Held)
+			h.Err = fmt.Errorf("pglock: renewal overdue for %d of %d locks held: none confirmed for half the ttl", n, h.LocksHeld)
 		}
 	}
 	h.Ready = h.Err == nil

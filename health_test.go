@@ -34,7 +34,7 @@ func TestHealthIsUnreadyWhileTheLinkIsSilentBeforeTheLockIsLost(t *testing.T) {
 
 	h := c.Health()
 	require.True(t, h.Ready, "a client that holds nothing is ready: %v", h.Err)
-	require.Zero(t, h.Held)
+	require.Zero(t, h.LocksHeld)
 	require.True(t, h.LastRenewal.IsZero())
 
 	// Renewed every 3 s, unready 4.5 s after the last confirmed renewal was sent, lost at
@@ -46,7 +46,7 @@ func TestHealthIsUnreadyWhileTheLinkIsSilentBeforeTheLockIsLost(t *testing.T) {
 		"the first renewal")
 	h = c.Health()
 	require.True(t, h.Ready, "%v", h.Err)
-	require.Equal(t, 1, h.Held)
+	require.Equal(t, 1, h.LocksHeld)
 	firstRenewal := h.LastRenewal
 
 	proxy.Blackhole() // nothing answers, nothing refuses
@@ -58,7 +58,7 @@ func TestHealthIsUnreadyWhileTheLinkIsSilentBeforeTheLockIsLost(t *testing.T) {
 		time.Since(silentAt).Round(time.Millisecond), time.Since(firstRenewal).Round(time.Millisecond))
 	require.True(t, l.Held(), "unready before the lock is lost")
 	require.NoError(t, l.Context().Err())
-	require.Equal(t, 1, h.Held)
+	require.Equal(t, 1, h.LocksHeld)
 	require.ErrorContains(t, h.Err, "renewal overdue for 1 of 1 locks held")
 	var live bool
 	require.NoError(t, direct.QueryRow(t.Context(),
@@ -110,7 +110,7 @@ func TestHealthIsUnreadyOnceARenewalFails(t *testing.T) {
 	require.Equal(t, "renew", h.FailedCall)
 	require.Equal(t, clock.Now(), h.FailedAt)
 	require.Equal(t, renewedAt, h.LastRenewal)
-	require.Equal(t, 1, h.Held)
+	require.Equal(t, 1, h.LocksHeld)
 	require.True(t, l.Held())
 
 	clock.Advance(time.Second) // the client's probe fails too
@@ -138,7 +138,7 @@ func TestHealthIsUnreadyOnceARenewalFails(t *testing.T) {
 	h = c.Health()
 	require.False(t, h.Ready, "a closed client takes no work")
 	require.ErrorIs(t, h.Err, pglock.ErrClosed)
-	require.Zero(t, h.Held)
+	require.Zero(t, h.LocksHeld)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, renewals, 3)
@@ -162,12 +162,12 @@ func TestHealthCountsTheElectionsLed(t *testing.T) {
 	receive(t, led)
 	h := c.Health()
 	require.Equal(t, 1, h.Leading)
-	require.Equal(t, 1, h.Held, "the lease")
+	require.Equal(t, 1, h.LocksHeld, "the lease")
 	require.True(t, h.Ready)
 	require.NoError(t, e.Resign(t.Context()))
 	h = c.Health()
 	require.Zero(t, h.Leading)
-	require.Zero(t, h.Held)
+	require.Zero(t, h.LocksHeld)
 }
 
 // Acquisitions report how long the caller waited and how long the store call took;
@@ -442,7 +442,7 @@ func TestHealthFollowsTheDatabaseWhateverTheClientDoes(t *testing.T) {
 					h = c.Health()
 					// On failure, say which answer made it ready (issue 17's note: seen 2 runs in 8).
 					require.False(t, h.Ready, "still unready once the outage took what the client had: last answer %s (outage from %s), held %d, leading %d",
-						h.LastAnswer.Format("15:04:05.000"), outageAt.Format("15:04:05.000"), h.Held, h.Leading)
+						h.LastAnswer.Format("15:04:05.000"), outageAt.Format("15:04:05.000"), h.LocksHeld, h.Leading)
 				}
 				require.NotEmpty(t, h.FailedCall, "%v", h.Err)
 				require.False(t, h.FailedAt.IsZero())

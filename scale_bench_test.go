@@ -392,7 +392,7 @@ func BenchmarkManyInstances(b *testing.B) {
 	for i, c := range clients {
 		h := c.Health()
 		require.True(b, h.Ready, "client %d: %v", i, h.Err)
-		require.Equal(b, nLocks/nClients+boolInt(i < nLocks%nClients), h.Held)
+		require.Equal(b, nLocks/nClients+boolInt(i < nLocks%nClients), h.LocksHeld)
 	}
 	maxRenewal := time.Duration(renewMax.Load())
 	// The clients stop renewing (and the locks stay, live for a ttl).

@@ -290,8 +290,8 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 	var locks, permits, led int64
 	for _, c := range clients {
 		h := c.Health()
-		locks += int64(h.Held - h.Permits)
-		permits += int64(h.Permits)
+		locks += int64(h.LocksHeld - h.PermitsHeld)
+		permits += int64(h.PermitsHeld)
 		led += int64(h.Leading)
 		dropped += h.EventsDropped
 	}

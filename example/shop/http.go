@@ -72,7 +72,7 @@ func (s *Shop) Handler() http.Handler {
 
 func (s *Shop) healthz(w http.ResponseWriter, _ *http.Request) {
 	h := s.locks.Health()
-	body := map[string]any{"status": "ok", "leadsWarehouseFeed": s.LeadsWarehouseFeed(), "locksHeld": h.Held}
+	body := map[string]any{"status": "ok", "leadsWarehouseFeed": s.LeadsWarehouseFeed(), "locksHeld": h.LocksHeld}
 	if !h.LastRenewal.IsZero() {
 		body["lastRenewal"] = h.LastRenewal.UTC()
 	}
