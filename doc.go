@@ -269,8 +269,10 @@
 // waiter's next poll. A waiter paused longer than Q keeps its place and is served when
 // it polls again (not polled for a minute, it queues again at the back). A waiter whose
 // ctx ends, whose Wait passes or whose Client closes leaves the queue, passing on a
-// grant it had. A waiter that dies after its poll claimed the key (the reply lost,
-// say, to a partition) holds it as any holder does: until its ttl passes.
+// grant it had. A waiter whose claim's reply was lost finds its ticket gone at its next
+// poll and queues again under the same owner: it gets the key its claim took, with that
+// claim's token (migration 000027). One that dies after its poll claimed the key holds
+// it as any holder does: until its ttl passes.
 //
 // While a live fair waiter is queued on a key (a semaphore), the key is the queue's:
 // TryAcquire, and Acquire without Fair, fail even when the key (a permit) is free at
