@@ -275,10 +275,9 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
 	require.NoError(t, err)
-	// Its write must come while it holds, on the database clock: a ttl of 3 s, which the
-	// test then waits out (at 1 s, a loaded machine's stall between the acquisition and
-	// the write would leave the write nothing to lock).
-	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(3*time.Second),
+	// Its write must come while it holds, on the database clock, however slow the
+	// machine: a ttl of a minute, its lease ended by the test after the write.
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(time.Minute),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
 	l, err := paused.TryAcquire(t.Context(), "doc:1")
 	require.NoError(t, err)
@@ -290,7 +289,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	tag, err := tx.Exec(t.Context(), q, args...)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "the write came after the lease's end: it locks no row")
-	awaitExpiry(t, pool, "doc:1") // its row stays locked
+	endLease(t, pool, "doc:1") // its row stays locked
 
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -415,18 +414,6 @@ func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
 	require.Equal(t, pglock.ReasonExpired, lost.Reason)
 }
 
-// stalledClock is the real clock for a process whose timers do not fire: a holder
-// paused, or starved of CPU, so that its renewer has not run since.
-type stalledClock struct{}
-
-func (stalledClock) Now() time.Time { return time.Now() }
-
-func (stalledClock) AfterFunc(time.Duration, func()) pglock.Timer { return stalledTimer{} }
-
-type stalledTimer struct{}
-
-func (stalledTimer) Stop() bool { return true }
-
 // A holder paused past its lease is told, when WithLock's release finds the lock gone,
 // that it lost it, even when the release's first call failed (its pooled connection's
 // backend was terminated) and the second found nothing.
@@ -440,13 +427,12 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	// Its one connection is up before the acquisition, which must be confirmed within
-	// nine tenths of the ttl on the real clock: 3 s, which the holder's pause then waits
-	// out (at 1 s, a loaded machine can answer later than that).
-	require.NoError(t, pool.Ping(t.Context()))
+	require.NoError(t, pool.Ping(t.Context())) // its one connection is up before the acquisition
 	direct := pglocktest.Pool(t, url, 2)
-	const ttl = 3 * time.Second
-	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
+	const ttl = time.Minute
+	// Its timers do not fire: a paused holder, whose clock the pause moves.
+	clock := pglock.TestClock{Clock: testkit.NewClock(time.Now())}
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	ran := false
 	err = c.WithLock(t.Context(), "k", func(ctx context.Context) error { // Wait(0): no pause on a stalled clock
 		ran = true
@@ -457,7 +443,8 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 			return err
 		}
-		time.Sleep(ttl + ttl/5) // database time: the lease expires while the holder is paused
+		endLease(t, direct, "k") // the holder is paused past its lease
+		clock.Move(ttl + ttl/5)
 		return nil
 	}, pglock.Wait(0))
 	require.True(t, ran, "not acquired: %v", err)
