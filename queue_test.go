@@ -280,11 +280,11 @@ func TestTryAcquireFailsWhileAFairWaiterIsQueued(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	const key = "fair/try"
 	var ticket int64
-	_, err := pool.Exec(ctx, "SELECT pglock.lock_acquire($1, 'holder', 200)", key)
+	_, err := pool.Exec(ctx, "SELECT pglock.lock_acquire($1, 'holder', 60000)", key)
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire($1, 'waiter', 60000, 0)", key).Scan(&ticket))
 	require.Positive(t, ticket)
-	awaitExpiry(t, pool, key)
+	endLease(t, pool, key) // the holder is gone
 	c := newPoolClient(t, pool)
 	_, err = c.TryAcquire(ctx, key)
 	require.ErrorIs(t, err, pglock.ErrNotAcquired, "TryAcquire barged past a queued waiter")
@@ -563,10 +563,10 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	require.Equal(t, "first", *forced)
 
 	// and the head's take of a key that expired, which must see every waiter ahead of it.
-	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k2', 'holder', 200)").Scan(&token))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k2', 'holder', 60000)").Scan(&token))
 	var head int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k2', 'head', 60000, 0)").Scan(&head))
-	awaitExpiry(t, pool, "k2")
+	endLease(t, pool, "k2") // the holder is gone
 	fourth, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = fourth.Rollback(context.WithoutCancel(ctx)) }()
