@@ -65,16 +65,16 @@ func TestCloseWaitsForWithLockBeforeHandingTheKeyBack(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 }
 
-// Path 1, when Close's ctx ends first: the key is not handed back; it expires on the
-// database clock.
+// Path 1, when Close's ctx ends first: the key is not handed back, nor renewed any
+// more; it expires on the database clock.
 func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	t.Parallel()
-	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	// Once Close gives up, the lease lives at least two thirds of the ttl more on the
-	// database clock, and both of B's refusals below must come in that time: 3 s, which
-	// the test then waits out (at 1 s, a loaded machine's stall of 0.7 s could let B in).
-	const ttl = 3 * time.Second
-	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl))
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	// A's renewals come when the test moves its clock; its lease ends when the test says.
+	const ttl = time.Minute
+	clock := pglocktest.NewManualClock(time.Now())
+	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
 
@@ -98,8 +98,12 @@ func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	require.ErrorIs(t, receive(t, result), pglock.ErrClosed, "WithLock says the lock was left to expire")
 	_, err = b.TryAcquire(t.Context(), "invoice:export")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired, "not handed back after the function returned either")
-	l, err := b.Acquire(t.Context(), "invoice:export", pglock.Wait(3*ttl))
-	require.NoError(t, err, "the key expires on the database clock")
+	expires := expiresAt(t, pool, "invoice:export")
+	clock.Advance(ttl) // past every renewal the lock would have had
+	require.Equal(t, expires, expiresAt(t, pool, "invoice:export"), "the closed client renewed the lock")
+	endLease(t, pool, "invoice:export")
+	l, err := b.TryAcquire(t.Context(), "invoice:export")
+	require.NoError(t, err, "the key is free once its lease ends on the database clock")
 	require.NoError(t, l.Release(t.Context()))
 }
 
