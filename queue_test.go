@@ -161,7 +161,7 @@ func TestFairSkipsADeadOrPausedWaiterWithinTheBound(t *testing.T) {
 			require.NoError(t, err)
 
 			var stuck *pglock.Client
-			var cut func()
+			var cut, restore func()
 			switch how {
 			case "dead":
 				proxied, proxy := proxiedPool(t, url+"&application_name=fair_dead", 2)
@@ -180,6 +180,7 @@ func TestFairSkipsADeadOrPausedWaiterWithinTheBound(t *testing.T) {
 					}, 10*time.Second, time.Millisecond, "the dead client's last poll")
 				}
 				t.Cleanup(proxy.Restore) // before the client's Close
+				restore = proxy.Restore
 			case "paused":
 				clock := pglocktest.NewManualClock(time.Now())
 				stuck = newClient(t, pglock.NewPostgresStore(pool), pglock.WithClock(clock), quiet)
@@ -203,6 +204,9 @@ func TestFairSkipsADeadOrPausedWaiterWithinTheBound(t *testing.T) {
 			require.NoError(t, got.l.Release(ctx))
 			stopStuck()
 			if how == "dead" {
+				// Its cancelled Acquire returns once its statement on the silent link is
+				// answered, or 5 s later.
+				restore()
 				t.Cleanup(func() { <-stuckDone })
 			} else {
 				require.ErrorIs(t, receive(t, stuckDone).err, context.Canceled)
