@@ -216,7 +216,7 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 		})
 	}()
 	lockA := receive(t, inside)
-	endLease(t, pool, "payment:42") // A's lease ends; A's clock stands still
+	pglock.EndLease(t, pool, "payment:42") // A's lease ends; A's clock stands still
 	lockB, err := b.TryAcquire(t.Context(), "payment:42")
 	require.NoError(t, err)
 	require.Greater(t, lockB.Token(), lockA.Token())

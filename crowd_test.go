@@ -578,13 +578,10 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	// the key itself once it expired.
 	waitOnce(ctx, t, c, key+"/warm")
 
-	// The first waiter must park before the holder's lease ends on the database clock:
-	// 3 s, which the test waits out, leaves a loaded machine 1.5 s for that (at 1 s,
-	// 500 ms).
-	const ttl = 3 * time.Second
-	_, err = holder.TryAcquire(ctx, key, TTL(ttl)) // never renewed: its clock is stopped
+	// The first waiter must park before the holder's lease ends, however slow the
+	// machine: a ttl of a minute, the lease ended by the test.
+	_, err = holder.TryAcquire(ctx, key, TTL(time.Minute)) // never renewed: its clock is stopped
 	require.NoError(t, err)
-	expires := time.Now().Add(ttl) // on the database clock, before that
 	parkedCtx, stopParked := context.WithCancel(ctx)
 	parked := make(chan error, 1)
 	go func() {
@@ -595,9 +592,9 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 		c.listener.mu.Lock()
 		defer c.listener.mu.Unlock()
 		return c.listener.up && len(c.listener.waiters[key]) == 1
-	}, ttl/2, time.Millisecond, "the first waiter parks behind a listening connection")
+	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
 
-	time.Sleep(time.Until(expires) + 100*time.Millisecond) // database time: the holder's lock expires, unreleased
+	EndLease(t, pool, key) // the holder dies: no release, no wake-up
 	l, err := c.Acquire(ctx, key, Wait(0))
 	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
 	// The parked waiter stopped while the key is held: released first, the key could

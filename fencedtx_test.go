@@ -195,7 +195,7 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, written, "the live holder writes")
 
-	endLease(t, pool, a.Key()) // after the transaction's start: now() is before the lease's end
+	pglock.EndLease(t, pool, a.Key()) // after the transaction's start: now() is before the lease's end
 	written, err = fencedWrite(ctx, tx, a.Key(), a.Token(), 6)
 	require.NoError(t, err)
 	require.Zero(t, written, "a write after the lease's end, in the same transaction, writes nothing")

@@ -53,7 +53,7 @@ func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts
 	require.NoError(t, err)
 	s.countsA = map[string]int{"salmon-kibble-2kg": 12, "tuna-pate-85g": 40, "catnip-mouse": 7}
 
-	endLease(t, pool, reconciliation) // while A is paused
+	pglock.EndLease(t, pool, reconciliation) // while A is paused
 	s.lockB, err = s.b.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)
 	require.Greater(t, s.lockB.Token(), s.lockA.Token())

@@ -32,6 +32,22 @@ type testTimer func() bool
 
 func (t testTimer) Stop() bool { return t() }
 
+// EndLease ends key's live lease on the database clock now, as the schema's owner may,
+// and fails the test if key had none. key is a lock's key, or a permit's row key: its
+// semaphore's key, U+001F and the permit's number. It is for the tests whose subject is
+// what comes after a lease ended (another instance takes the key, with the next token;
+// a job moves; a renewal is refused; a fence refuses the old token), not the expiry,
+// which one test per path waits for in real time. The holder is not told: use it on a
+// holder that cannot tell either, one whose clock stands still (a ManualClock it
+// has not reached its deadline on, as a paused process), or one that is gone.
+func EndLease(t testing.TB, pool *pgxpool.Pool, key string) {
+	t.Helper()
+	tag, err := pool.Exec(t.Context(), `UPDATE pglock.locks SET expires_at = clock_timestamp()
+		WHERE key = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()`, key)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected(), "no live lease of %q to end", key)
+}
+
 // fenceTestDB returns a pool on a new database with a random name, which the test's
 // cleanup drops, holding the pglock schema (Migrate) and the scratch tables the cases
 // write to. (pglocktest.Postgres imports this package, so its tests cannot use it.) Without a server it skips the test, or fails it when CI is set.

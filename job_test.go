@@ -290,7 +290,7 @@ func TestOnOneInstanceMovesTheJobOnceItsDeadOwnersLeaseEnds(t *testing.T) {
 	require.Len(t, shop.accounting.booked(), 1)
 	require.Equal(t, 2, logLines(&logs, "pglock: skipped job: it runs on another instance", jobExportKey))
 
-	endLease(t, shop.pool, jobExportKey+":owner") // the crashed instance's lease
+	pglock.EndLease(t, shop.pool, jobExportKey+":owner") // the crashed instance's lease
 	require.NoError(t, survivor.export.Run(ctx))
 	require.Equal(t, [][]string{jobFirstNight, {"ord_1005"}}, shop.accounting.booked())
 	require.Equal(t, 2, logLines(&logs, "pglock: job runs on this instance", jobExportKey))

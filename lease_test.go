@@ -52,7 +52,7 @@ func TestATickWhoseTakeComesLateDoesNotRunTheOwnersTickAgain(t *testing.T) {
 	go func() { done <- lateJob.Run(t.Context()) }()
 	receive(t, waiting, "the take's wait for a connection")
 	clock.Advance(ttl / 3)
-	endLease(t, pglocktest.Pool(t, url, 1), key+":owner") // the paused owner's lease
+	pglock.EndLease(t, pglocktest.Pool(t, url, 1), key+":owner") // the paused owner's lease
 	busy.Release()
 	require.NoError(t, receive(t, done, "the late tick"))
 

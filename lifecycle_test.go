@@ -101,7 +101,7 @@ func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	expires := expiresAt(t, pool, "invoice:export")
 	clock.Advance(ttl) // past every renewal the lock would have had
 	require.Equal(t, expires, expiresAt(t, pool, "invoice:export"), "the closed client renewed the lock")
-	endLease(t, pool, "invoice:export")
+	pglock.EndLease(t, pool, "invoice:export")
 	l, err := b.TryAcquire(t.Context(), "invoice:export")
 	require.NoError(t, err, "the key is free once its lease ends on the database clock")
 	require.NoError(t, l.Release(t.Context()))
@@ -293,7 +293,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	tag, err := tx.Exec(t.Context(), q, args...)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "the write came after the lease's end: it locks no row")
-	endLease(t, pool, "doc:1") // its row stays locked
+	pglock.EndLease(t, pool, "doc:1") // its row stays locked
 
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -447,7 +447,7 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 			return err
 		}
-		endLease(t, direct, "k") // the holder is paused past its lease
+		pglock.EndLease(t, direct, "k") // the holder is paused past its lease
 		clock.Move(ttl + ttl/5)
 		return nil
 	}, pglock.Wait(0))

@@ -288,7 +288,7 @@ func TestTryAcquireFailsWhileAFairWaiterIsQueued(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire($1, 'waiter', 60000, 0)", key).Scan(&ticket))
 	require.Positive(t, ticket)
-	endLease(t, pool, key) // the holder is gone
+	pglock.EndLease(t, pool, key) // the holder is gone
 	c := newPoolClient(t, pool)
 	_, err = c.TryAcquire(ctx, key)
 	require.ErrorIs(t, err, pglock.ErrNotAcquired, "TryAcquire barged past a queued waiter")
@@ -570,7 +570,7 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k2', 'holder', 60000)").Scan(&token))
 	var head int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k2', 'head', 60000, 0)").Scan(&head))
-	endLease(t, pool, "k2") // the holder is gone
+	pglock.EndLease(t, pool, "k2") // the holder is gone
 	fourth, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = fourth.Rollback(context.WithoutCancel(ctx)) }()

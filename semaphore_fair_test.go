@@ -149,7 +149,7 @@ func TestTrySemaphoreFailsWhileAFairWaiterIsQueued(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire($1, 'waiter', 60000, 1)", key).Scan(&ticket))
 	require.Positive(t, ticket)
-	endLease(t, pool, key+"\x1f1") // the holder is gone
+	pglock.EndLease(t, pool, key+"\x1f1") // the holder is gone
 	s, err := newPoolClient(t, pool).Semaphore(key, 1)
 	require.NoError(t, err)
 	_, err = s.TryAcquire(ctx)
