@@ -419,7 +419,7 @@ var outageRoles = []outageRole{{
 // succeeds after it, with nothing else to do. It names the call that failed.
 func TestHealthFollowsTheDatabaseWhateverTheClientDoes(t *testing.T) {
 	t.Parallel()
-	const ttl = 5 * time.Second // renewed every 1.67 s, lost at 4.5 s; a call may wait 2.5 s
+	const ttl = 3 * time.Second // renewed every second, lost at 2.7 s; a call may wait 1.5 s
 	for _, outage := range []string{"cut", "black-holed"} {
 		for _, r := range outageRoles {
 			t.Run(r.name+"/"+outage, func(t *testing.T) {
