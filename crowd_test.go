@@ -448,8 +448,7 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 				// With no listener, a client's first waiter tries every startingPoll (20 to
 				// 40 ms) while the client has waiters, and a waiter becoming its client's
 				// first tries once: the attempts follow how long the clients wait, which a
-				// loaded machine stretches (a handover's p50 of 29 ms in a cold CI run:
-				// 20.8 attempts per acquisition), not the acquisitions. At most one poll per
+				// loaded machine stretches, not the acquisitions. At most one poll per
 				// 20 ms and client; two pollers per client, or polls twice as often, would
 				// go over.
 				polls := float64(res.waiting) / float64(startingPollEvery/2)
@@ -465,8 +464,8 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 
 // crowdStartLongestHandover bounds the longest handover of
 // TestCrowdStartNeverLeavesAFreeKeyIdle: generous for a loaded 2-core machine under
-// -race (100 goroutines, 20 listeners and PostgreSQL on it; 270 ms seen at a load
-// average of 27), and no more than the backoff a waiter's polls reach, which the
+// -race (100 goroutines, 20 listeners and PostgreSQL on it), and no more than the
+// backoff a waiter's polls reach, which the
 // stopped clock never lets it make: a handover that long was not a wake-up's.
 const crowdStartLongestHandover = time.Second
 
@@ -598,7 +597,7 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	l, err := c.Acquire(ctx, key, Wait(0))
 	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
 	// The parked waiter stopped while the key is held: released first, the key could
-	// go to it before its ctx ends (it did, in a loaded run).
+	// go to it before its ctx ends.
 	stopParked()
 	require.ErrorIs(t, <-parked, context.Canceled)
 	require.NoError(t, l.Release(ctx))

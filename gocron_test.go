@@ -286,7 +286,7 @@ func TestGocronElectorTaskRunsAreFencedAndWaitedFor(t *testing.T) {
 	require.NoError(t, err)
 
 	// The run has returned by Shutdown: its stop timeout only has to outlast gocron's own
-	// bookkeeping, which took over 50 ms on a loaded machine (a fresh-clone CI run).
+	// bookkeeping, which can take over 50 ms on a loaded machine.
 	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(electorA), gocron.WithStopTimeout(5*time.Second))
 	require.NoError(t, err)
 	sched.Start()

@@ -147,9 +147,8 @@ func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
 
 // What acquisitions abandoned in flight were granted is handed back before it expires,
 // however many there are, over a slow link: one release call for all that are due,
-// not one after another (the torture test's ghosts: five hand-backs in a row, each
-// 150 to 300 ms over a link slowed to 73 ms each way, and the last key was left to
-// expire). 15 locks and a semaphore's permit, granted to acquisitions whose ctx ended
+// not one after another (five hand-backs in a row, each 150 to 300 ms over a slow
+// link, leave the last key to expire). 15 locks and a semaphore's permit, granted to acquisitions whose ctx ended
 // while their statements were on the wire, a ttl of 2 s and a link of 100 ms each way
 // (one release after another takes over 3 s for them):
 // every one is released, on the database clock, well before its expiry.
@@ -214,8 +213,8 @@ func TestHandBacksBeatTheirTTLOverASlowLink(t *testing.T) {
 
 // An acquisition whose ctx ends while it waits for a connection of a busy pool is never
 // sent: nothing is granted, so there is nothing to hand back. (Sent once a connection
-// was free, it was granted a lease nobody knew of until its hand-back landed; over a
-// slow link, in a torture run, after its expiry.)
+// was free, it would be granted a lease nobody knew of until its hand-back landed; over
+// a slow link, after its expiry.)
 func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)

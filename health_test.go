@@ -443,7 +443,7 @@ func TestHealthFollowsTheDatabaseWhateverTheClientDoes(t *testing.T) {
 				if lost != nil {
 					receive(t, lost)
 					h = c.Health()
-					// On failure, say which answer made it ready (issue 17's note: seen 2 runs in 8).
+					// On failure, say which answer made it ready.
 					require.False(t, h.Ready, "still unready once the outage took what the client had: last answer %s (outage from %s), held %d, leading %d",
 						h.LastAnswer.Format("15:04:05.000"), outageAt.Format("15:04:05.000"), h.Held, h.Leading)
 				}

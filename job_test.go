@@ -438,8 +438,8 @@ func TestCloseHandsLeasesOver(t *testing.T) {
 		closed := time.Now()
 		require.NoError(t, a.Close(ctx))
 		// A Close that waited would wait for the stopped clock (for ever) or the 30 s ttl:
-		// 5 s tells that from a loaded machine's Close (1.16 s in a fresh-clone CI run,
-		// over the 1 s bound before: the listener, the pools and the hand-back to close).
+		// 5 s tells that from a loaded machine's Close, which has the listener, the pools
+		// and the hand-back to close, over a second.
 		requirePrompt(t, time.Since(closed), 5*time.Second, ref, "Close waited to hand the lease back")
 		require.ErrorIs(t, jobA.Run(ctx), pglock.ErrClosed)
 		require.NoError(t, jobB.Run(ctx)) // the client's ttl is 30 s: only a handed-back lease lets it run

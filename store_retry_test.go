@@ -252,9 +252,8 @@ func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
 
 // Each write of the pgx store that changes a held lock's row, on a REPEATABLE READ
 // pool, meets the row changed by a renewal that committed after its snapshot: it is
-// rolled back with 40001, sent again, and does what it was asked. (ReleaseMany, the
-// client's hand-back of abandoned grants, read its rows without the store's retry and
-// returned the 40001: seen in a matrix run of the store contract on a serializable pool.)
+// rolled back with 40001, sent again, and does what it was asked (ReleaseMany, the
+// client's hand-back of abandoned grants, too: it reads its rows, and must retry).
 func TestStoreRetriesEveryWriteRolledBackBy40001(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)
