@@ -222,7 +222,7 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 	require.Greater(t, lockB.Token(), lockA.Token())
 
 	clock.Advance(ttl / 3) // A's renewal is refused: fn's ctx ends
-	err = <-result
+	err = receive(t, result, "fn's return")
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
 	require.Equal(t, "payment:42", lost.Key)
