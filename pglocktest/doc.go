@@ -8,9 +8,9 @@
 // application. Tests never share a database, so they may run in parallel. Each
 // database is copied from a template that is migrated once per server and schema
 // version (CREATE DATABASE … TEMPLATE), so a test costs a copy, not a migration. It is
-// dropped once its test has ended, in the background and with others (a DROP DATABASE
-// waits for a checkpoint, which drops made together share): the last test of the
-// process using the server waits for the drops.
+// dropped once its test has ended, in the background (a DROP DATABASE waits for a
+// checkpoint, which the test need not wait for): the last test of the process using
+// the server waits for the drops.
 //
 // The server is the one in PGLOCK_TEST_DATABASE_URL (DatabaseURLEnv) when it is set,
 // else the one the libpq defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if

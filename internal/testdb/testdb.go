@@ -1,6 +1,6 @@
 // Package testdb makes the databases of the module's tests, on one PostgreSQL server
 // per process: each a copy of a template that is migrated once per server and schema
-// version, and dropped in the background, in batches, once its test has ended.
+// version, and dropped in the background once its test has ended.
 // pglocktest.PostgresURL is its face for users; the root package's internal tests,
 // which cannot import pglocktest (it imports the root package), call it directly.
 package testdb
@@ -84,23 +84,15 @@ type sharedServer struct {
 	users int
 	tpl   string // the template database on srv, once known
 
-	dropMu   sync.Mutex
-	pending  []pendingDrop  // the databases of ended tests, not yet dropped
 	drops    sync.WaitGroup // the drops under way
-	dropErrs []error        // of the drops since the last user left
+	dropping chan struct{}  // a token per drop running: dropConns at most
+	dropMu   sync.Mutex
+	dropErrs []error // of the drops since the last user left
 }
 
-// A pendingDrop is the database of a test that ended.
-type pendingDrop struct{ url, name, test string }
-
-// dropBatch is how many databases of ended tests are dropped together, by dropConns
-// connections at once: each DROP DATABASE waits for a checkpoint that starts after it,
-// which the others in flight share. Few connections, as the tests count theirs against
-// the server's max_connections.
-const (
-	dropBatch = 16
-	dropConns = 4
-)
+// dropConns is how many databases are dropped at once, each on a connection of its
+// own: the tests count theirs against the server's max_connections.
+const dropConns = 4
 
 func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 	s.mu.Lock()
@@ -116,19 +108,14 @@ func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 	return s.srv, nil
 }
 
-// release ends a test's use of the server. The last user drops the databases left,
-// waits for every drop, fails t if one failed, and stops an embedded server.
+// release ends a test's use of the server. The last user waits for the drops under
+// way, fails t if one failed, and stops an embedded server.
 func (s *sharedServer) release(t testing.TB) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.users--; s.users > 0 {
 		return
 	}
-	s.dropMu.Lock()
-	batch := s.pending
-	s.pending = nil
-	s.dropMu.Unlock()
-	s.dropAll(batch)
 	s.drops.Wait()
 	s.dropMu.Lock()
 	for _, err := range s.dropErrs {
@@ -141,45 +128,30 @@ func (s *sharedServer) release(t testing.TB) {
 	s.tpl = ""
 }
 
-// drop drops the database name of test, in a batch, on other goroutines: PostgreSQL's
-// DROP DATABASE waits for a checkpoint, which a test need not wait for, and drops made
-// at once share one.
+// drop drops the database name of test on a goroutine of its own, at once: a DROP
+// DATABASE waits for a checkpoint, which the test need not wait for, and the sooner
+// a database goes, the fewer of its pages a checkpoint writes. (Drops kept for later
+// and made together left a checkpoint tens of seconds of fsyncs to do.)
 func (s *sharedServer) drop(serverURL, name, test string) {
 	s.dropMu.Lock()
-	s.pending = append(s.pending, pendingDrop{serverURL, name, test})
-	var batch []pendingDrop
-	if len(s.pending) >= dropBatch {
-		batch, s.pending = s.pending, nil
+	if s.dropping == nil {
+		s.dropping = make(chan struct{}, dropConns)
 	}
+	dropping := s.dropping
 	s.dropMu.Unlock()
-	s.dropAll(batch)
-}
-
-// dropAll starts dropping the databases of batch, dropConns at a time.
-func (s *sharedServer) dropAll(batch []pendingDrop) {
-	if len(batch) == 0 {
-		return
-	}
-	next := make(chan pendingDrop, len(batch))
-	for _, d := range batch {
-		next <- d
-	}
-	close(next)
-	for range min(dropConns, len(batch)) {
-		s.drops.Go(func() {
-			for d := range next {
-				if err := dropDatabase(d.url, d.name); err != nil {
-					s.dropMu.Lock()
-					s.dropErrs = append(s.dropErrs, fmt.Errorf("drop database %s of %s: %w", d.name, d.test, err))
-					s.dropMu.Unlock()
-				}
-			}
-		})
-	}
+	s.drops.Go(func() {
+		dropping <- struct{}{}
+		defer func() { <-dropping }()
+		if err := dropDatabase(serverURL, name); err != nil {
+			s.dropMu.Lock()
+			s.dropErrs = append(s.dropErrs, fmt.Errorf("drop database %s of %s: %w", name, test, err))
+			s.dropMu.Unlock()
+		}
+	})
 }
 
 func dropDatabase(serverURL, name string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, serverURL)
 	if err != nil {
