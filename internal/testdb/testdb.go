@@ -91,8 +91,9 @@ type sharedServer struct {
 }
 
 // dropConns is how many databases are dropped at once, each on a connection of its
-// own: the tests count theirs against the server's max_connections.
-const dropConns = 4
+// own, as many as the tests that run at once: drops made together share a checkpoint,
+// and the tests count their connections against the server's max_connections.
+const dropConns = 8
 
 func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 	s.mu.Lock()
