@@ -587,10 +587,15 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 		_, err := c.Acquire(parkedCtx, key)
 		parked <- err
 	}()
+	// Parked: behind a listening connection, its attempt over (it marked the key), so
+	// that it makes none once the key is free.
 	require.Eventually(t, func() bool {
 		c.listener.mu.Lock()
-		defer c.listener.mu.Unlock()
-		return c.listener.up && len(c.listener.waiters[key]) == 1
+		listening := c.listener.up && len(c.listener.waiters[key]) == 1
+		c.listener.mu.Unlock()
+		var marked bool
+		err := pool.QueryRow(ctx, "SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", key).Scan(&marked)
+		return listening && err == nil && marked
 	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
 
 	EndLease(t, pool, key) // the holder dies: no release, no wake-up
