@@ -153,7 +153,7 @@ func buildAgainstPglock(t *testing.T, files map[string]string) map[string]string
 	// pglock's own requirements, all of them: with only pglock required, the go command
 	// walks its dependencies' go.mod files further than pglock's build does, to files
 	// that a fresh machine's module cache does not have (pgpassfile's requirement of
-	// testify v1.3.0, in a fresh-clone CI run).
+	// testify v1.3.0).
 	files["go.mod"] = strings.Replace(string(mod), "module github.com/pgfence/pglock\n", "module built\n", 1) +
 		fmt.Sprintf("\nrequire github.com/pgfence/pglock v0.0.0\n\nreplace github.com/pgfence/pglock => %s\n", repo)
 	files["go.sum"] = string(sum)

@@ -448,8 +448,7 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 				// With no listener, a client's first waiter tries every startingPoll (20 to
 				// 40 ms) while the client has waiters, and a waiter becoming its client's
 				// first tries once: the attempts follow how long the clients wait, which a
-				// loaded machine stretches (a handover's p50 of 29 ms in a cold CI run:
-				// 20.8 attempts per acquisition), not the acquisitions. At most one poll per
+				// loaded machine stretches, not the acquisitions. At most one poll per
 				// 20 ms and client; two pollers per client, or polls twice as often, would
 				// go over.
 				polls := float64(res.waiting) / float64(startingPollEvery/2)
@@ -465,8 +464,8 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 
 // crowdStartLongestHandover bounds the longest handover of
 // TestCrowdStartNeverLeavesAFreeKeyIdle: generous for a loaded 2-core machine under
-// -race (100 goroutines, 20 listeners and PostgreSQL on it; 270 ms seen at a load
-// average of 27), and no more than the backoff a waiter's polls reach, which the
+// -race (100 goroutines, 20 listeners and PostgreSQL on it), and no more than the
+// backoff a waiter's polls reach, which the
 // stopped clock never lets it make: a handover that long was not a wake-up's.
 const crowdStartLongestHandover = time.Second
 
@@ -578,30 +577,32 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	// the key itself once it expired.
 	waitOnce(ctx, t, c, key+"/warm")
 
-	// The first waiter must park before the holder's lease ends on the database clock:
-	// 3 s, which the test waits out, leaves a loaded machine 1.5 s for that (at 1 s,
-	// 500 ms).
-	const ttl = 3 * time.Second
-	_, err = holder.TryAcquire(ctx, key, TTL(ttl)) // never renewed: its clock is stopped
+	// The first waiter must park before the holder's lease ends, however slow the
+	// machine: a ttl of a minute, the lease ended by the test.
+	_, err = holder.TryAcquire(ctx, key, TTL(time.Minute)) // never renewed: its clock is stopped
 	require.NoError(t, err)
-	expires := time.Now().Add(ttl) // on the database clock, before that
 	parkedCtx, stopParked := context.WithCancel(ctx)
 	parked := make(chan error, 1)
 	go func() {
 		_, err := c.Acquire(parkedCtx, key)
 		parked <- err
 	}()
+	// Parked: behind a listening connection, its attempt over (it marked the key), so
+	// that it makes none once the key is free.
 	require.Eventually(t, func() bool {
 		c.listener.mu.Lock()
-		defer c.listener.mu.Unlock()
-		return c.listener.up && len(c.listener.waiters[key]) == 1
-	}, ttl/2, time.Millisecond, "the first waiter parks behind a listening connection")
+		listening := c.listener.up && len(c.listener.waiters[key]) == 1
+		c.listener.mu.Unlock()
+		var marked bool
+		err := pool.QueryRow(ctx, "SELECT wanted_at IS NOT NULL FROM pglock.locks WHERE key = $1", key).Scan(&marked)
+		return listening && err == nil && marked
+	}, 10*time.Second, time.Millisecond, "the first waiter parks behind a listening connection")
 
-	time.Sleep(time.Until(expires) + 100*time.Millisecond) // database time: the holder's lock expires, unreleased
+	EndLease(t, pool, key) // the holder dies: no release, no wake-up
 	l, err := c.Acquire(ctx, key, Wait(0))
 	require.NoError(t, err, "Wait(0) makes its one attempt, queue or not")
 	// The parked waiter stopped while the key is held: released first, the key could
-	// go to it before its ctx ends (it did, in a loaded run).
+	// go to it before its ctx ends.
 	stopParked()
 	require.ErrorIs(t, <-parked, context.Canceled)
 	require.NoError(t, l.Release(ctx))

@@ -121,11 +121,12 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			ctx := t.Context()
 			pool := fencedTxDB(t)
 			store := pglock.NewPostgresStore(pool)
-			// At a 2 s ttl, a renewal sent at 0.67 s had 1.3 s to be answered, and took
-			// longer on a loaded CI machine (the lock_timeout check below shows it was not
-			// the fenced row it waited for): 5 s leaves it 3.3 s.
-			c := newClient(t, store, pglock.TTL(5*time.Second))
-			other := newClient(t, store, pglock.TTL(5*time.Second))
+			// The client renews when the test moves its clock; the database keeps its
+			// leases however slow the machine.
+			const ttl = time.Minute
+			clock := pglocktest.NewManualClock(time.Now())
+			c := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock))
+			other := newClient(t, store, pglock.TTL(ttl))
 			a, err := c.TryAcquire(ctx, "fenced:a")
 			require.NoError(t, err)
 			b, err := c.TryAcquire(ctx, "fenced:b")
@@ -156,17 +157,13 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			})
 			require.NoError(t, err, "the batched renewal waited for the fenced tx")
 
-			// The client's renewals fall due while tx is open, past the ttl on the database
-			// clock, and another client tries, until then and once more.
-			expires := expiresAt(t, pool, b.Key())
-			for pastTTL := false; ; pastTTL = databaseTimeReached(t, pool, expires) {
-				_, err := other.TryAcquire(ctx, a.Key())
-				require.ErrorIs(t, err, pglock.ErrNotAcquired)
-				if pastTTL {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			// The client's renewals fall due while tx is open, past the first ttl, and
+			// another client tries before and after.
+			_, err = other.TryAcquire(ctx, a.Key())
+			require.ErrorIs(t, err, pglock.ErrNotAcquired)
+			requireRenewedThrough(t, pool, clock, ttl, a, b)
+			_, err = other.TryAcquire(ctx, a.Key())
+			require.ErrorIs(t, err, pglock.ErrNotAcquired)
 			require.Equal(t, []string{"fenced:a", "fenced:b"}, liveKeys(t, pool), "both renewed while the fenced tx was open")
 			for _, l := range []*pglock.Lock{a, b} {
 				require.True(t, l.Held(), l.Key())
@@ -178,6 +175,26 @@ func TestLockHeldUnderRepeatableReadAndSerializableCostsNoLock(t *testing.T) {
 			require.NoError(t, a.Release(ctx))
 			require.NoError(t, b.Release(ctx))
 		})
+	}
+}
+
+// requireRenewedThrough moves clock, the locks' client's, past the locks' first ttl,
+// and requires that every renewal on the way (the batch of both) went through and moved
+// their expiry in the database: a renewal that waited for a fenced transaction holds up
+// the clock's Advance.
+func requireRenewedThrough(t *testing.T, pool *pgxpool.Pool, clock *pglocktest.ManualClock, ttl time.Duration, locks ...*pglock.Lock) {
+	t.Helper()
+	var expires []time.Time
+	for _, l := range locks {
+		expires = append(expires, expiresAt(t, pool, l.Key()))
+	}
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); clock.Advance(ttl + ttl/3) }()
+	receive(t, renewed, "the renewals, which waited for the fenced transaction")
+	for i, l := range locks {
+		require.True(t, l.Held(), l.Key())
+		require.NoError(t, l.Context().Err(), l.Key())
+		require.True(t, expiresAt(t, pool, l.Key()).After(expires[i]), "%s was not renewed in the database", l.Key())
 	}
 }
 

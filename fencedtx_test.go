@@ -58,15 +58,15 @@ func TestFencedTxOpenPastTheTTLCostsNoLockItsRenewal(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	// A renewal sent at a third of the ttl must be answered before the lock's deadline:
-	// at 1 s, that left 0.57 s, too little on a loaded machine; 5 s leaves 2.8 s. The test
-	// waits out the first ttl.
-	c := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(5*time.Second))
+	// The client renews when the test moves its clock; the database keeps its leases
+	// however slow the machine.
+	const ttl = time.Minute
+	clock := pglocktest.NewManualClock(time.Now())
+	c := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(ttl), pglock.WithClock(clock))
 	a, err := c.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
 	b, err := c.TryAcquire(ctx, "fenced:b")
 	require.NoError(t, err)
-	expires := expiresAt(t, pool, b.Key())
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -75,12 +75,8 @@ func TestFencedTxOpenPastTheTTLCostsNoLockItsRenewal(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, written)
 
-	awaitDatabaseTime(t, pool, expires) // renewals fall due while tx is open, past the first ttl
+	requireRenewedThrough(t, pool, clock, ttl, a, b) // renewals fall due while tx is open, past the first ttl
 	require.Equal(t, []string{"fenced:a", "fenced:b"}, liveKeys(t, pool), "both renewed while the fenced tx was open")
-	for _, l := range []*pglock.Lock{a, b} {
-		require.True(t, l.Held(), l.Key())
-		require.NoError(t, l.Context().Err(), l.Key())
-	}
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 5, stockValue(t, pool))
 	require.NoError(t, a.Release(ctx))
@@ -95,14 +91,14 @@ func TestFencedTxOpenRefusesEveryTakeoverUntilItEnds(t *testing.T) {
 	ctx := t.Context()
 	pool := fencedTxDB(t)
 	store := pglock.NewPostgresStore(pool)
-	// The holder's renewals must be answered before its deadline, the other's last
-	// acquisition within nine tenths of its ttl: 5 s leaves a loaded machine 2.8 s for
-	// a renewal (0.57 s at 1 s). The test waits out the holder's first ttl.
-	holder := newClient(t, store, pglock.TTL(5*time.Second))
-	other := newClient(t, store, pglock.TTL(5*time.Second))
+	// The holder renews when the test moves its clock; the database keeps its lease
+	// however slow the machine.
+	const ttl = time.Minute
+	clock := pglocktest.NewManualClock(time.Now())
+	holder := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock))
+	other := newClient(t, store, pglock.TTL(ttl))
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
-	expires := expiresAt(t, pool, a.Key())
 
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -111,16 +107,12 @@ func TestFencedTxOpenRefusesEveryTakeoverUntilItEnds(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, written)
 
-	// Until the database clock passes the first ttl, renewed meanwhile, and once more.
-	for pastTTL := false; ; pastTTL = databaseTimeReached(t, pool, expires) {
-		_, err := other.TryAcquire(ctx, a.Key())
-		require.ErrorIs(t, err, pglock.ErrNotAcquired)
-		if pastTTL {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	require.True(t, a.Held())
+	// Before the holder's renewals, and after them, past its first ttl.
+	_, err = other.TryAcquire(ctx, a.Key())
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
+	requireRenewedThrough(t, pool, clock, ttl, a)
+	_, err = other.TryAcquire(ctx, a.Key())
+	require.ErrorIs(t, err, pglock.ErrNotAcquired)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, a.Release(ctx))
 	b, err := other.TryAcquire(ctx, a.Key())
@@ -189,10 +181,9 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := fencedTxDB(t)
-	// A ttl of 3 s: the first write must come while the lease is live on the database
-	// clock, which 300 ms did not leave room for on a loaded machine, nor 1 s for a stall
-	// of a second or two. The test waits it out.
-	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(3*time.Second),
+	// The first write must come while the lease is live on the database clock, however
+	// slow the machine: a ttl of a minute, the lease ended by the test after the write.
+	holder := newClient(t, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews: a paused holder
 	a, err := holder.TryAcquire(ctx, "fenced:a")
 	require.NoError(t, err)
@@ -204,11 +195,10 @@ func TestFencedTxReadsTheDatabaseClockAtEachWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, written, "the live holder writes")
 
-	require.Eventually(t, func() bool { return len(liveKeys(t, pool)) == 0 }, 10*time.Second, 10*time.Millisecond,
-		"the lease expires on the database clock")
+	pglock.EndLease(t, pool, a.Key()) // after the transaction's start: now() is before the lease's end
 	written, err = fencedWrite(ctx, tx, a.Key(), a.Token(), 6)
 	require.NoError(t, err)
-	require.Zero(t, written, "a write after the expiry, in the same transaction, writes nothing")
+	require.Zero(t, written, "a write after the lease's end, in the same transaction, writes nothing")
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, 5, stockValue(t, pool))
 }

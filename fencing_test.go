@@ -31,8 +31,9 @@ type shop struct {
 
 const reconciliation = "inventory:stock-reconciliation"
 
-// pausedTTL is the ttl of A's lock: A does nothing while it holds it.
-const pausedTTL = 200 * time.Millisecond
+// pausedTTL is the ttl of A's lock: A does nothing while it holds it, and its lease
+// ends when the test says.
+const pausedTTL = time.Minute
 
 func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts map[string]int) (written int64)) *shop {
 	t.Helper()
@@ -52,7 +53,7 @@ func pauseAWhileBTakesOver(t *testing.T, write func(s *shop, token int64, counts
 	require.NoError(t, err)
 	s.countsA = map[string]int{"salmon-kibble-2kg": 12, "tuna-pate-85g": 40, "catnip-mouse": 7}
 
-	awaitExpiry(t, pool, reconciliation) // A's lease expires while A is paused
+	pglock.EndLease(t, pool, reconciliation) // while A is paused
 	s.lockB, err = s.b.TryAcquire(t.Context(), reconciliation)
 	require.NoError(t, err)
 	require.Greater(t, s.lockB.Token(), s.lockA.Token())

@@ -228,15 +228,15 @@ func TestGocronElectorLeadsUntilClose(t *testing.T) {
 func TestGocronElectorLeavesItsLeaseToExpireWhileAPlainRunMayGoOn(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
 	var logs testkit.LogBuffer
-	a, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)))
+	// A renews when the test moves its clock; its lease ends when the test says.
+	const ttl = time.Minute
+	clockA := pglocktest.NewManualClock(time.Now())
+	a, err := pglock.NewWithStore(store, pglock.WithLogger(newLogger(&logs)), pglock.WithClock(clockA))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
-	// After A's Close, its lease lives two thirds of the ttl at least on the database
-	// clock, and B's first look must come in that time: 3 s, which the test waits out,
-	// leaves a loaded machine 2 s for it (1.3 s at 2 s).
-	const ttl = 3 * time.Second
 	electorA, err := a.GocronElector("shop:feed", pglock.TTL(ttl))
 	require.NoError(t, err)
 	electorB, err := b.GocronElector("shop:feed", pglock.TTL(ttl))
@@ -258,13 +258,15 @@ func TestGocronElectorLeavesItsLeaseToExpireWhileAPlainRunMayGoOn(t *testing.T) 
 	receive(t, running)
 
 	require.ErrorIs(t, sched.Shutdown(), gocron.ErrStopJobsTimedOut, "gocron gives up on the run")
-	closed := time.Now()
 	require.NoError(t, a.Close(ctx))
 	require.ErrorIs(t, electorB.IsLeader(ctx), pglock.ErrNotAcquired, "not handed back while the run may go on")
 	require.Equal(t, 1, logLines(&logs, "pglock: gocron elector lease left to expire: runs of tasks other than its Task's may go on", "shop:feed"))
-	require.Eventually(t, func() bool { return electorB.IsLeader(ctx) == nil }, 10*time.Second, 20*time.Millisecond,
-		"B leads once the lease expired")
-	t.Logf("B leads %v after A's Close (ttl %v)", time.Since(closed).Round(time.Millisecond), ttl)
+	expires := expiresAt(t, pool, "shop:feed")
+	clockA.Advance(ttl) // past every renewal the lease would have had
+	require.Equal(t, expires, expiresAt(t, pool, "shop:feed"), "the closed client renewed the lease")
+	require.ErrorIs(t, electorB.IsLeader(ctx), pglock.ErrNotAcquired, "not handed back while the run may go on")
+	pglock.EndLease(t, pool, "shop:feed")
+	require.NoError(t, electorB.IsLeader(ctx), "B leads once the lease ended")
 }
 
 // A run of the elector's Task has the lease's token to fence with, is cancelled by
@@ -284,7 +286,7 @@ func TestGocronElectorTaskRunsAreFencedAndWaitedFor(t *testing.T) {
 	require.NoError(t, err)
 
 	// The run has returned by Shutdown: its stop timeout only has to outlast gocron's own
-	// bookkeeping, which took over 50 ms on a loaded machine (a fresh-clone CI run).
+	// bookkeeping, which can take over 50 ms on a loaded machine.
 	sched, err := gocron.NewScheduler(gocron.WithDistributedElector(electorA), gocron.WithStopTimeout(5*time.Second))
 	require.NoError(t, err)
 	sched.Start()

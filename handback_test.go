@@ -9,9 +9,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"net"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,14 +101,17 @@ func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
 
 // Hand-backs are bounded for the whole client: one release call at a time, however many
 // acquisitions failed in flight, and about one call per pause while the store is away;
-// Close stops them. Not parallel: it counts the process's goroutines.
+// Close stops them. It counts its own goroutines (ownGoroutines), so it runs beside
+// the other tests.
 func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
+	t.Parallel()
+	goroutines := testGoroutines(t)
 	url := pglocktest.PostgresURL(t)
 	slow, proxy := proxiedPool(t, url, 4)
 	store := &releaseCounter{Store: pglock.NewPostgresStore(slow)}
 	c, err := pglock.NewWithStore(store, quiet, pglock.TTL(10*time.Second))
 	require.NoError(t, err)
-	before := runtime.NumGoroutine()
+	before := goroutines()
 
 	// 20 acquisitions whose ctx ends with their statement on the wire (or while they wait
 	// for one of the pool's 4 connections): each may have been granted.
@@ -129,27 +135,49 @@ func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
 	// Counted after the window, as the issue did: the abandoned calls' own goroutines
 	// (one each, until their reply or failure) have ended by then; what is left is the
 	// hand-backs'.
-	goroutines := runtime.NumGoroutine() - before
+	more := goroutines() - before
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	require.NoError(t, c.Close(ctx))
 	closed := store.calls.Load()
 	t.Logf("%d goroutines more after the failures; %d release calls in %v of outage; %d in all; %d at most at once",
-		goroutines, during, time.Since(start).Round(time.Millisecond), closed, store.most.Load())
+		more, during, time.Since(start).Round(time.Millisecond), closed, store.most.Load())
 	require.LessOrEqual(t, store.most.Load(), int64(1), "release calls in flight at once")
 	require.LessOrEqual(t, during, int64(15), "release calls against an unreachable store")
-	require.Less(t, goroutines, 10, "goroutines for 20 hand-backs")
-	require.Eventually(t, func() bool { return store.inFlight.Load() == 0 && runtime.NumGoroutine() <= before+2 },
+	require.Less(t, more, 10, "goroutines for 20 hand-backs")
+	require.Eventually(t, func() bool { return store.inFlight.Load() == 0 && goroutines() <= before+2 },
 		5*time.Second, 10*time.Millisecond, "hand-backs still running after Close")
 	require.Equal(t, closed, store.calls.Load(), "a release call after Close returned")
 }
 
+// testGoroutines labels t's goroutine with t's name, and so every goroutine it starts
+// and theirs, and returns a count of the goroutines that carry the label: the test's
+// own, not those of the tests running beside it. (A goroutine that a timer starts,
+// time.AfterFunc's, carries none.)
+func testGoroutines(t *testing.T) (count func() int) {
+	t.Helper()
+	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("test", t.Name())))
+	label := fmt.Sprintf(`# labels: {"test":%q}`, t.Name())
+	return func() int {
+		var profile strings.Builder
+		require.NoError(t, pprof.Lookup("goroutine").WriteTo(&profile, 1))
+		_, groups, _ := strings.Cut(profile.String(), "\n") // after "goroutine profile: total N"
+		n := 0
+		for _, group := range strings.Split(groups, "\n\n") {
+			var size int
+			if _, err := fmt.Sscanf(group, "%d @", &size); err == nil && strings.Contains(group, label) {
+				n += size
+			}
+		}
+		return n
+	}
+}
+
 // What acquisitions abandoned in flight were granted is handed back before it expires,
 // however many there are, over a slow link: one release call for all that are due,
-// not one after another (the torture test's ghosts: five hand-backs in a row, each
-// 150 to 300 ms over a link slowed to 73 ms each way, and the last key was left to
-// expire). 15 locks and a semaphore's permit, granted to acquisitions whose ctx ended
+// not one after another (five hand-backs in a row, each 150 to 300 ms over a slow
+// link, leave the last key to expire). 15 locks and a semaphore's permit, granted to acquisitions whose ctx ended
 // while their statements were on the wire, a ttl of 2 s and a link of 100 ms each way
 // (one release after another takes over 3 s for them):
 // every one is released, on the database clock, well before its expiry.
@@ -214,8 +242,8 @@ func TestHandBacksBeatTheirTTLOverASlowLink(t *testing.T) {
 
 // An acquisition whose ctx ends while it waits for a connection of a busy pool is never
 // sent: nothing is granted, so there is nothing to hand back. (Sent once a connection
-// was free, it was granted a lease nobody knew of until its hand-back landed; over a
-// slow link, in a torture run, after its expiry.)
+// was free, it would be granted a lease nobody knew of until its hand-back landed; over
+// a slow link, after its expiry.)
 func TestAcquisitionGivenUpWhileThePoolIsBusyIsNeverSent(t *testing.T) {
 	t.Parallel()
 	url := pglocktest.PostgresURL(t)

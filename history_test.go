@@ -111,7 +111,7 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 	want := []pglock.Outcome{pglock.OutcomeLost, pglock.OutcomePanicked, pglock.OutcomeError, pglock.OutcomeOK}
 	// A run's times are the database's clock when its record's statement began, less
 	// how long before its send the run ended (the client's clock): late by the time the
-	// statement took to start, tens of ms under load (27 ms in a fresh-clone CI run).
+	// statement took to start, tens of ms under load.
 	slack := 100 * time.Millisecond
 	for i, r := range runs {
 		require.Equal(t, want[i], r.Outcome, "newest first")

@@ -527,8 +527,7 @@ func TestResignWakesAFollowerThatNeverPolls(t *testing.T) {
 // flight, a WithLock section's writes). Close's step-down must not wait behind them to
 // hand the lease back: its renewals have stopped, so a hand-back queued behind the
 // application lands after the lease expired, or much later, and the next leader waits
-// for the expiry (a torture run's leader, stopped in a WithLock section, let its lease
-// of 1 s expire this way).
+// for the expiry.
 func TestCloseHandsTheLeaseBackWhileItsPoolIsBusy(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

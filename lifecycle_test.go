@@ -65,16 +65,16 @@ func TestCloseWaitsForWithLockBeforeHandingTheKeyBack(t *testing.T) {
 	require.NoError(t, l.Release(t.Context()))
 }
 
-// Path 1, when Close's ctx ends first: the key is not handed back; it expires on the
-// database clock.
+// Path 1, when Close's ctx ends first: the key is not handed back, nor renewed any
+// more; it expires on the database clock.
 func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	t.Parallel()
-	store := pglock.NewPostgresStore(pglocktest.Postgres(t))
-	// Once Close gives up, the lease lives at least two thirds of the ttl more on the
-	// database clock, and both of B's refusals below must come in that time: 3 s, which
-	// the test then waits out (at 1 s, a loaded machine's stall of 0.7 s could let B in).
-	const ttl = 3 * time.Second
-	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl))
+	pool := pglocktest.Postgres(t)
+	store := pglock.NewPostgresStore(pool)
+	// A's renewals come when the test moves its clock; its lease ends when the test says.
+	const ttl = time.Minute
+	clock := pglocktest.NewManualClock(time.Now())
+	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	require.NoError(t, err)
 	b := newClient(t, store, quiet)
 
@@ -98,8 +98,12 @@ func TestCloseThatGivesUpLeavesTheKeyToExpire(t *testing.T) {
 	require.ErrorIs(t, receive(t, result), pglock.ErrClosed, "WithLock says the lock was left to expire")
 	_, err = b.TryAcquire(t.Context(), "invoice:export")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired, "not handed back after the function returned either")
-	l, err := b.Acquire(t.Context(), "invoice:export", pglock.Wait(3*ttl))
-	require.NoError(t, err, "the key expires on the database clock")
+	expires := expiresAt(t, pool, "invoice:export")
+	clock.Advance(ttl) // past every renewal the lock would have had
+	require.Equal(t, expires, expiresAt(t, pool, "invoice:export"), "the closed client renewed the lock")
+	pglock.EndLease(t, pool, "invoice:export")
+	l, err := b.TryAcquire(t.Context(), "invoice:export")
+	require.NoError(t, err, "the key is free once its lease ends on the database clock")
 	require.NoError(t, l.Release(t.Context()))
 }
 
@@ -275,10 +279,9 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(t.Context(), "INSERT INTO docs VALUES (1, '')")
 	require.NoError(t, err)
-	// Its write must come while it holds, on the database clock: a ttl of 3 s, which the
-	// test then waits out (at 1 s, a loaded machine's stall between the acquisition and
-	// the write would leave the write nothing to lock).
-	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(3*time.Second),
+	// Its write must come while it holds, on the database clock, however slow the
+	// machine: a ttl of a minute, its lease ended by the test after the write.
+	paused := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(time.Minute),
 		pglock.WithClock(pglocktest.NewManualClock(time.Now()))) // never renews
 	l, err := paused.TryAcquire(t.Context(), "doc:1")
 	require.NoError(t, err)
@@ -290,7 +293,7 @@ func TestAcquireDoesNotSpinOnAnExpiredRowThatAFencedWriteLocks(t *testing.T) {
 	tag, err := tx.Exec(t.Context(), q, args...)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, tag.RowsAffected(), "the write came after the lease's end: it locks no row")
-	awaitExpiry(t, pool, "doc:1") // its row stays locked
+	pglock.EndLease(t, pool, "doc:1") // its row stays locked
 
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)
@@ -415,18 +418,6 @@ func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
 	require.Equal(t, pglock.ReasonExpired, lost.Reason)
 }
 
-// stalledClock is the real clock for a process whose timers do not fire: a holder
-// paused, or starved of CPU, so that its renewer has not run since.
-type stalledClock struct{}
-
-func (stalledClock) Now() time.Time { return time.Now() }
-
-func (stalledClock) AfterFunc(time.Duration, func()) pglock.Timer { return stalledTimer{} }
-
-type stalledTimer struct{}
-
-func (stalledTimer) Stop() bool { return true }
-
 // A holder paused past its lease is told, when WithLock's release finds the lock gone,
 // that it lost it, even when the release's first call failed (its pooled connection's
 // backend was terminated) and the second found nothing.
@@ -440,13 +431,12 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	// Its one connection is up before the acquisition, which must be confirmed within
-	// nine tenths of the ttl on the real clock: 3 s, which the holder's pause then waits
-	// out (at 1 s, a loaded machine can answer later than that).
-	require.NoError(t, pool.Ping(t.Context()))
+	require.NoError(t, pool.Ping(t.Context())) // its one connection is up before the acquisition
 	direct := pglocktest.Pool(t, url, 2)
-	const ttl = 3 * time.Second
-	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(stalledClock{}))
+	const ttl = time.Minute
+	// Its timers do not fire: a paused holder, whose clock the pause moves.
+	clock := pglock.TestClock{Clock: testkit.NewClock(time.Now())}
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	ran := false
 	err = c.WithLock(t.Context(), "k", func(ctx context.Context) error { // Wait(0): no pause on a stalled clock
 		ran = true
@@ -457,7 +447,8 @@ func TestWithLockOfAHolderPausedPastItsLeaseReturnsLockLost(t *testing.T) {
 		if _, err := direct.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 			return err
 		}
-		time.Sleep(ttl + ttl/5) // database time: the lease expires while the holder is paused
+		pglock.EndLease(t, direct, "k") // the holder is paused past its lease
+		clock.Move(ttl + ttl/5)
 		return nil
 	}, pglock.Wait(0))
 	require.True(t, ran, "not acquired: %v", err)

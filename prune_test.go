@@ -326,7 +326,7 @@ func TestPruneReturnsAtOnceWhileAnotherPruneRuns(t *testing.T) {
 	released(t, db.store, "a")
 	released(t, db.store, "b")
 	// Two connections open already: the prune that must not wait would otherwise wait
-	// for a new one, over a second on a loaded machine (a fresh-clone CI run).
+	// for a new one, over a second on a loaded machine.
 	c1, err := db.pool.Acquire(ctx)
 	require.NoError(t, err)
 	c2, err := db.pool.Acquire(ctx)

@@ -21,13 +21,13 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		client func(pool *pgxpool.Pool) (*pglock.Client, error)
+		client func(pool *pgxpool.Pool, clock pglock.Clock) (*pglock.Client, error)
 	}{
-		{"New", func(pool *pgxpool.Pool) (*pglock.Client, error) {
-			return pglock.New(pool, quiet, pglock.WithoutListener())
+		{"New", func(pool *pgxpool.Pool, clock pglock.Clock) (*pglock.Client, error) {
+			return pglock.New(pool, quiet, pglock.WithoutListener(), pglock.WithClock(clock))
 		}},
-		{"NewWithStore", func(pool *pgxpool.Pool) (*pglock.Client, error) {
-			return pglock.NewWithStore(pglock.NewPostgresStore(pool), quiet)
+		{"NewWithStore", func(pool *pgxpool.Pool, clock pglock.Clock) (*pglock.Client, error) {
+			return pglock.NewWithStore(pglock.NewPostgresStore(pool), quiet, pglock.WithClock(clock))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -35,7 +35,11 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 			ctx := t.Context()
 			url := pglocktest.PostgresURL(t)
 			pool := pglocktest.Pool(t, url, 4)
-			c, err := tc.client(pool)
+			// The renewals come when the test moves the clock, every one of two ttls
+			// while the application fills the pool; the database keeps the leases
+			// however slow the machine.
+			clock := pglocktest.NewManualClock(time.Now())
+			c, err := tc.client(pool, clock)
 			require.NoError(t, err)
 			closed := false
 			t.Cleanup(func() {
@@ -43,10 +47,12 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 					_ = c.Close(context.Background())
 				}
 			})
-			// The locks must be renewed while the application fills the pool for two ttls,
-			// which the test waits out: 3 s leaves a loaded machine 1.7 s to answer a
-			// renewal (0.85 s at 1.5 s).
-			const ttl = 3 * time.Second
+			// Its own connections for renewals are made half-way to its first lock's first
+			// renewal, on the real clock: 100 ms after a first lock of 600 ms.
+			warm, err := c.TryAcquire(ctx, "warm", pglock.TTL(600*time.Millisecond))
+			require.NoError(t, err)
+			require.NoError(t, warm.Release(ctx))
+			const ttl = time.Minute
 			l, err := c.TryAcquire(ctx, "job", pglock.TTL(ttl))
 			require.NoError(t, err)
 			job, err := c.TryAcquire(ctx, "job:other", pglock.TTL(2*ttl)) // a second ttl group
@@ -59,32 +65,32 @@ func TestRenewalsNeverWaitBehindTheApplicationsPool(t *testing.T) {
 				return n
 			}
 
-			// The client's own connections for renewals, opened half-way to its first
-			// lock's first renewal, are up before the application fills its pool (on a loaded machine, starting a
-			// connection can take longer than this ttl).
+			// The client's own connections for renewals are up before the application
+			// fills its pool.
 			require.Eventually(t, func() bool { return pglock.OwnIdleConns(c) == 2 }, 10*time.Second, 5*time.Millisecond)
 
-			lostAt := make(chan time.Time, 1)
-			context.AfterFunc(l.Context(), func() { lostAt <- time.Now() })
+			app, stop := context.WithCancel(ctx)
 			var slow sync.WaitGroup
+			defer slow.Wait()
+			defer stop()
 			for range 4 {
-				slow.Go(func() {
-					_, err := pool.Exec(ctx, "SELECT pg_sleep($1)", (2 * ttl).Seconds())
-					require.NoError(t, err)
-				})
+				slow.Go(func() { _, _ = pool.Exec(app, "SELECT pg_sleep(60)") })
 			}
 			require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 4 }, 5*time.Second, time.Millisecond)
-			start := time.Now()
-			slow.Wait()
-			select {
-			case at := <-lostAt:
-				t.Fatalf("lost %v after the application filled the pool: %v", at.Sub(start), context.Cause(l.Context()))
-			default:
-			}
+			expires := []time.Time{expiresAt(t, direct, l.Key()), expiresAt(t, direct, job.Key())}
+			renewed := make(chan struct{})
+			go func() { defer close(renewed); clock.Advance(2 * ttl) }()
+			receive(t, renewed, "the renewals of two ttls, which waited for the application's pool")
+			require.NoError(t, context.Cause(l.Context()))
 			require.NoError(t, context.Cause(job.Context()))
 			require.True(t, l.Held())
 			require.True(t, job.Held())
+			require.True(t, expiresAt(t, direct, l.Key()).After(expires[0]), "renewed in the database")
+			require.True(t, expiresAt(t, direct, job.Key()).After(expires[1]), "renewed in the database")
+			require.Equal(t, int32(4), pool.Stat().AcquiredConns(), "the application still fills the pool")
 			require.Greater(t, backends(), pool.Stat().TotalConns(), "pglock's own connection for renewals, kept")
+			stop()
+			slow.Wait()
 
 			require.NoError(t, c.Close(ctx))
 			closed = true
@@ -124,7 +130,14 @@ func TestHandBacksNeverWaitBehindTheApplicationsPool(t *testing.T) {
 	}
 	defer slow.Wait()
 	defer stop()
-	require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 2 }, 5*time.Second, time.Millisecond)
+	sleeping := func() (n int32) {
+		require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'active' AND query = 'SELECT pg_sleep(30)'`).Scan(&n))
+		return n
+	}
+	// Both running, not only their connections taken: a loaded machine may send a
+	// query long after its connection was acquired.
+	require.Eventually(t, func() bool { return sleeping() == 2 }, 10*time.Second, time.Millisecond)
 
 	pglock.UndoAcquire(c, "job", "nobody", time.Minute)
 	other, err := pglock.New(direct, quiet, pglock.WithoutListener())
@@ -134,8 +147,5 @@ func TestHandBacksNeverWaitBehindTheApplicationsPool(t *testing.T) {
 		l, err := other.TryAcquire(ctx, "job")
 		return err == nil && l.Release(ctx) == nil
 	}, 5*time.Second, 10*time.Millisecond, "the key is not free")
-	var sleeping int32
-	require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND state = 'active' AND query = 'SELECT pg_sleep(30)'`).Scan(&sleeping))
-	require.Equal(t, int32(2), sleeping, "the key was handed back after a query of the application's ended")
+	require.Equal(t, int32(2), sleeping(), "the key was handed back after a query of the application's ended")
 }

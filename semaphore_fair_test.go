@@ -145,11 +145,11 @@ func TestTrySemaphoreFailsWhileAFairWaiterIsQueued(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	const key = "fair-sem/try"
 	var ticket int64
-	_, err := pool.Exec(ctx, "SELECT * FROM pglock.sem_acquire($1, 'holder', 200, 1)", key)
+	_, err := pool.Exec(ctx, "SELECT * FROM pglock.sem_acquire($1, 'holder', 60000, 1)", key)
 	require.NoError(t, err)
 	require.NoError(t, pool.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire($1, 'waiter', 60000, 1)", key).Scan(&ticket))
 	require.Positive(t, ticket)
-	awaitExpiry(t, pool, key+"\x1f1")
+	pglock.EndLease(t, pool, key+"\x1f1") // the holder is gone
 	s, err := newPoolClient(t, pool).Semaphore(key, 1)
 	require.NoError(t, err)
 	_, err = s.TryAcquire(ctx)

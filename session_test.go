@@ -42,8 +42,7 @@ var sessionSettings = []struct {
 	{"default_transaction_isolation repeatable read", map[string]string{"default_transaction_isolation": "repeatable read"}, []string{"40001"}},
 	{"default_transaction_isolation serializable", map[string]string{"default_transaction_isolation": "serializable"}, []string{"40001"}},
 	// The statement_timeout is small for a server (the default is none) but above what a
-	// durable commit takes on a loaded machine: at 200 ms, an acquisition of a fresh-clone
-	// CI run waited longer for its WAL flush.
+	// durable commit's WAL flush takes on a loaded machine, which can pass 200 ms.
 	{"small statement_timeout and lock_timeout", map[string]string{"statement_timeout": "2s", "lock_timeout": "20ms"}, []string{"55P03", "57014"}},
 	{"search_path without public", map[string]string{"search_path": "nowhere"}, nil},
 }

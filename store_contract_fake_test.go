@@ -149,6 +149,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 func TestStoreContractPassesACorrectStore(t *testing.T) {
+	t.Parallel()
 	t.Run("RealTime", func(t *testing.T) {
 		t.Parallel()
 		runContract(t, func(*testing.T) contractStore { return newFakeStore(time.Now, noFlaw) },
@@ -177,6 +178,7 @@ func TestStoreContractOnABrokenStore(t *testing.T) {
 }
 
 func TestStoreContractFailsBrokenStores(t *testing.T) {
+	t.Parallel()
 	for f, failing := range map[flaw][]string{
 		alwaysAcquires: {"AcquireHeld", "AcquireOwnHeldIsNotReentrant", "Concurrent/OneWinnerPerRound"},
 		renewRecreates: {"RenewNeverRecreates", "RenewAfterExpiryFails"},

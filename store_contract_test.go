@@ -90,8 +90,12 @@ func testStore(t *testing.T, newStore func(t *testing.T) pglock.Store, opts cont
 const (
 	// callTimeout bounds every store call.
 	callTimeout = 10 * time.Second
-	// shortTTL is the ttl of the locks a case lets expire, or renews before they do.
+	// shortTTL is the ttl of the locks a case checks before their expiry, or renews
+	// before they do.
 	shortTTL = 300 * time.Millisecond
+	// expireTTL is the ttl of the locks a case only lets expire: nothing is checked
+	// before their expiry, so no store is too slow for it, and the case waits no longer.
+	expireTTL = 20 * time.Millisecond
 	// slowAttempts is how many times a case that checks a lock before its expiry
 	// runs, each time with a ttl four times longer, while the store answers too
 	// slowly for the check to tell anything.
@@ -121,8 +125,9 @@ const (
 // keys of its own, made of its name and a random part. The subtests are named after
 // behaviours, so that -run 'TestX/RenewAfterExpiryFails' picks one.
 //
-// Without opts.AdvanceTime the expiry cases wait in real time, with ttls of 300ms and
-// more; they overlap, so the whole run takes a few seconds. They assume that the
+// Without opts.AdvanceTime the expiry cases wait in real time: 20 ms for a lock they
+// only let expire, 300 ms and more for one they check before its expiry; they
+// overlap, so the whole run takes a few seconds. They assume that the
 // store's clock runs at the rate of the local one. With AdvanceTime the subtests run
 // one at a time and never sleep, since moving the shared clock would expire the
 // locks of the others.
@@ -326,13 +331,13 @@ func (h *harness) release(key, owner string) bool {
 	return released
 }
 
-// expire has owner acquire key with shortTTL, waits until the lock expired, and
+// expire has owner acquire key with expireTTL, waits until the lock expired, and
 // returns its token.
 func (h *harness) expire(key, owner string) int64 {
 	h.t.Helper()
-	token := h.mustAcquire(key, owner, shortTTL, "the key must be free")
+	token := h.mustAcquire(key, owner, expireTTL, "the key must be free")
 	// The store counted the ttl from before Acquire returned.
-	h.waitUntil(h.now().Add(shortTTL + shortTTL/3))
+	h.waitUntil(h.now().Add(expireTTL + expireTTL/3))
 	return token
 }
 
