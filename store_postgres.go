@@ -114,6 +114,12 @@ func (r *renewals) warmSoon(ttl time.Duration) {
 	if r.own != nil || r.closed {
 		return
 	}
+	if r.pool.Stat().IdleConns() == 0 {
+		// The pool is busy now (a crowd on the key, say): the lock's release would wait
+		// behind it, and a waiter for the key with it. Its connections start now.
+		r.warmLocked()
+		return
+	}
 	due := time.Now().Add(ownPoolDelay(ttl))
 	switch {
 	case r.soon == nil:
@@ -136,6 +142,11 @@ func (r *renewals) warm() {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.warmLocked()
+}
+
+// warmLocked is warm with r.mu held.
+func (r *renewals) warmLocked() {
 	if r.own != nil || r.closed {
 		return
 	}
