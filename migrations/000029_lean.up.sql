@@ -153,7 +153,13 @@ END $$;
 
 -- lock_release_slow releases what the one statement of lock_release does not: a
 -- permit (sem_release_permits), a key whose row says it is queued, or a key not held
--- (lock_release_key). Callers checked the arguments.
+-- (lock_release_key). That statement, when the row changed under it (a waiter marked
+-- it queued meanwhile, say), may have left the row locked by this transaction while it
+-- found nothing to update (PostgreSQL locks the newest version of a row it rechecks):
+-- then the key's queue lock, which comes before the row in the lock order, is only
+-- tried. A transaction that has no id yet has locked no row. When the try fails, the
+-- key is released without its handover: the head of its queue takes it at its next
+-- poll. Callers checked the arguments.
 CREATE OR REPLACE FUNCTION pglock.lock_release_slow(key text, owner text) RETURNS boolean
 LANGUAGE plpgsql VOLATILE STRICT SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -161,7 +167,18 @@ BEGIN
         RETURN EXISTS (SELECT FROM pglock.sem_release_permits(split_part(lock_release_slow.key, chr(31), 1),
             ARRAY[lock_release_slow.key], ARRAY[lock_release_slow.owner]));
     END IF;
-    RETURN pglock.lock_release_key(lock_release_slow.key, lock_release_slow.owner);
+    IF pg_current_xact_id_if_assigned() IS NULL
+        OR pg_try_advisory_xact_lock(hashtextextended(lock_release_slow.key, 1885826161)) THEN
+        RETURN pglock.lock_release_key(lock_release_slow.key, lock_release_slow.owner);
+    END IF;
+    UPDATE pglock.locks l
+    SET owner = NULL,
+        expires_at = clock_timestamp(),
+        wanted_at = CASE WHEN l.wanted_at IS NOT NULL THEN
+            (SELECT NULL::timestamptz FROM pg_notify('pglock_released', l.key)) END
+    WHERE l.key = lock_release_slow.key AND l.owner = lock_release_slow.owner
+      AND l.expires_at > clock_timestamp();
+    RETURN FOUND;
 END $$;
 
 -- lock_release: a plain key nobody queued for in one statement (no queue lock, no probe

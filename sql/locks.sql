@@ -499,7 +499,18 @@ BEGIN
         RETURN EXISTS (SELECT FROM pglock.sem_release_permits(split_part(lock_release_slow.key, chr(31), 1),
             ARRAY[lock_release_slow.key], ARRAY[lock_release_slow.owner]));
     END IF;
-    RETURN pglock.lock_release_key(lock_release_slow.key, lock_release_slow.owner);
+    IF pg_current_xact_id_if_assigned() IS NULL
+        OR pg_try_advisory_xact_lock(hashtextextended(lock_release_slow.key, 1885826161)) THEN
+        RETURN pglock.lock_release_key(lock_release_slow.key, lock_release_slow.owner);
+    END IF;
+    UPDATE pglock.locks l
+    SET owner = NULL,
+        expires_at = clock_timestamp(),
+        wanted_at = CASE WHEN l.wanted_at IS NOT NULL THEN
+            (SELECT NULL::timestamptz FROM pg_notify('pglock_released', l.key)) END
+    WHERE l.key = lock_release_slow.key AND l.owner = lock_release_slow.owner
+      AND l.expires_at > clock_timestamp();
+    RETURN FOUND;
 END $function$;
 REVOKE EXECUTE ON FUNCTION pglock.lock_release_slow(text,text) FROM PUBLIC;
 
