@@ -285,7 +285,7 @@ func (g *gocronLock) Unlock(context.Context) error {
 		if err != nil {
 			outcome, text = OutcomeLost, err.Error()
 		}
-		g.k.c.jobRan(g.job, g.l, g.start, outcome, text)
+		g.k.c.jobRan(g.job, g.l, slotRun{}, g.start, outcome, text)
 		g.k.runs.end()
 	})
 	return err

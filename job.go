@@ -22,18 +22,22 @@ type Job struct {
 	lease   *lease     // nil without OnOneInstance
 	runLock bool       // WithoutOverlapping
 	limit   *Semaphore // AtMost's; nil without it
+	slots   *slotted   // nil without Cron or Every
 	runs    runs
 }
 
 // Job returns a Job that runs fn under key. key is required (a rename must not change
 // it during a rolling deploy) and is checked as a lock key, its lease key "<key>:owner"
-// included, so it has at most MaxKeyLength-6 characters. Give OnOneInstance,
-// WithoutOverlapping or both, or AtMost alone; the ttl is the client's unless TTL sets
-// it.
+// included, so it has at most MaxKeyLength-6 characters (MaxKeyLength-21 with a
+// schedule, for its slots' lock keys). Give a schedule (Cron or Every: each slot runs
+// once), OnOneInstance, WithoutOverlapping or both, or AtMost alone, or a schedule
+// with any of them; the ttl is the client's unless TTL sets it.
 //
-// Inside fn, FromContext(ctx) returns the run lock (with OnOneInstance alone, the
-// lease; with AtMost, the permit), whose Token fences fn's writes; fn's ctx is cancelled, with a
-// *LockLostError as its cause, when the run lock or the lease is lost.
+// Inside fn, FromContext(ctx) returns the run lock (with a schedule, the slot's lock;
+// with OnOneInstance alone, the lease; with AtMost, the permit), whose Token fences
+// fn's writes; fn's ctx is cancelled, with a *LockLostError as its cause, when a lock
+// the run holds is lost. A schedule needs a store of New, NewPostgresStore or
+// NewSQLStore (else an error wrapping errors.ErrUnsupported).
 //
 // Keys are registered with the client: a second job with the same key, a job whose key
 // is another job's lease key, or one that is a gocron elector's or an election's key,
@@ -67,8 +71,11 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	switch {
 	case cfg.atMost > 0 && (cfg.oneInstance || cfg.withoutOverlapping):
 		return nil, invalidArg("Job %q: AtMost goes alone: not with OnOneInstance (runs on one instance) nor WithoutOverlapping (AtMost(1) is one run at a time)", key)
-	case cfg.atMost == 0 && !cfg.oneInstance && !cfg.withoutOverlapping:
-		return nil, invalidArg("Job %q: want OnOneInstance, WithoutOverlapping or both, or AtMost", key)
+	case cfg.atMost == 0 && !cfg.oneInstance && !cfg.withoutOverlapping && cfg.schedule == nil:
+		return nil, invalidArg("Job %q: want a schedule (Cron or Every), OnOneInstance, WithoutOverlapping or both, or AtMost", key)
+	}
+	if err := checkSlotted(c, key, cfg); err != nil {
+		return nil, err
 	}
 	var limit *Semaphore
 	if cfg.atMost > 0 {
@@ -85,7 +92,13 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
 	}
-	c.onClose(func(ctx context.Context) error { return shutdown(ctx, &j.runs, j.lease) })
+	j.slots = newSlotted(j, cfg)
+	c.onClose(func(ctx context.Context) error {
+		if j.slots != nil {
+			j.slots.close()
+		}
+		return shutdown(ctx, &j.runs, j.lease)
+	})
 	return j, nil
 }
 
@@ -93,8 +106,10 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 func (j *Job) Key() string { return j.key }
 
 // Run runs one tick of the job through its locks: what gocron calls through Task, and
-// what a test or an admin path calls directly. A skipped tick (another instance owns
-// the job, a run is in progress, or AtMost's limit is reached) returns nil; it is logged at debug, emitted as an
+// what a test or an admin path calls directly. With a schedule, the tick claims the
+// slot the database's clock names, and CatchUp's missed slots, and runs those it
+// claimed. A skipped tick (another instance owns the job, a run is in progress,
+// AtMost's limit is reached, or the slot was claimed) returns nil; it is logged at debug, emitted as an
 // EventJobSkipped and counted in the run history, and a run is emitted as an
 // EventJobRan (its Duration and Outcome set) and recorded in the run history (see
 // RunHistory), a panicking fn's too (OutcomePanicked) before the panic goes on up.
@@ -109,53 +124,79 @@ func (j *Job) Run(ctx context.Context) error {
 		return err
 	}
 	defer j.runs.end()
-	if j.lease != nil {
-		l, err := j.lease.hold(ctx)
-		if errors.Is(err, ErrNotAcquired) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var stop func()
-		ctx, stop = withLockContext(ctx, l)
-		defer stop()
+	ctx, stop, err := j.underLease(ctx)
+	if err != nil || ctx == nil {
+		return err
 	}
+	defer stop()
+	if j.slots != nil {
+		return j.slots.tick(ctx)
+	}
+	_, reason, err := j.gated(ctx, func(ctx context.Context) error {
+		l, _ := FromContext(ctx)
+		_, err := j.run(ctx, l)
+		return err
+	})
+	if reason != "" {
+		j.c.skipped(j.key, reason)
+	}
+	return err
+}
+
+// underLease holds the job's lease for a tick, if it has one, and returns ctx under it
+// (FromContext gives the lease) and the stop of that ctx; a nil ctx, with a nil error,
+// when the tick is skipped (hold logged and emitted why).
+func (j *Job) underLease(ctx context.Context) (_ context.Context, stop func(), _ error) {
+	if j.lease == nil {
+		return ctx, func() {}, nil
+	}
+	l, err := j.lease.hold(ctx)
+	if errors.Is(err, ErrNotAcquired) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, stop = withLockContext(ctx, l)
+	return ctx, stop, nil
+}
+
+// gated calls run through the job's run lock (WithoutOverlapping) or a permit of
+// AtMost's semaphore, or as a section of its own without either: started false, with
+// the reason, when the tick is skipped because a run holds them.
+func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped Reason, err error) {
 	if !j.runLock && j.limit == nil {
 		ctx, s, err := j.c.enter(ctx)
 		if err != nil {
-			return err
+			return false, "", err
 		}
 		defer j.c.leave(s)
-		l, _ := FromContext(ctx)
-		return j.run(ctx, l)
+		return true, "", run(ctx)
 	}
-	// A run under the run lock, or a permit of AtMost's semaphore; none left: a skip.
 	with, full := func(ctx context.Context, fn func(context.Context) error, opts ...AcquireOption) error {
 		return j.c.WithLock(ctx, j.key, fn, opts...)
 	}, ReasonRunInProgress
 	if j.limit != nil {
 		with, full = j.limit.WithPermit, ReasonLimitReached
 	}
-	started := false
-	err := with(ctx, func(ctx context.Context) error {
+	err = with(ctx, func(ctx context.Context) error {
 		started = true
-		l, _ := FromContext(ctx)
-		return j.run(ctx, l)
+		return run(ctx)
 	}, TTL(j.ttl), Wait(0))
 	if !started && errors.Is(err, ErrNotAcquired) {
-		j.c.skipped(j.key, full)
-		return nil
+		return false, full, nil
 	}
-	return err
+	return started, "", err
 }
 
-// run calls fn under l: the run lock, or the lease without WithoutOverlapping, and
-// reports the run (EventJobRan, the run history), a panic included before it goes on.
-func (j *Job) run(ctx context.Context, l *Lock) (err error) {
+// run calls fn under l: the slot's lock, the run lock, or the lease without
+// WithoutOverlapping, and reports the run (EventJobRan, the run history), a panic
+// included before it goes on. It returns the run's outcome and error.
+func (j *Job) run(ctx context.Context, l *Lock) (outcome Outcome, err error) {
 	if j.lease != nil {
 		j.lease.ran()
 	}
+	slot, _ := ctx.Value(slotContextKey{}).(slotRun)
 	start := time.Now()
 	returned := false
 	defer func() {
@@ -163,7 +204,7 @@ func (j *Job) run(ctx context.Context, l *Lock) (err error) {
 			return
 		}
 		if r := recover(); r != nil {
-			j.c.jobRan(j.key, l, start, OutcomePanicked, fmt.Sprint(r))
+			j.c.jobRan(j.key, l, slot, start, OutcomePanicked, fmt.Sprint(r))
 			panic(r)
 		}
 	}()
@@ -180,8 +221,8 @@ func (j *Job) run(ctx context.Context, l *Lock) (err error) {
 	} else if err != nil {
 		outcome, text = OutcomeError, err.Error()
 	}
-	j.c.jobRan(j.key, l, start, outcome, text)
-	return err
+	j.c.jobRan(j.key, l, slot, start, outcome, text)
+	return outcome, err
 }
 
 // lostCause returns ctx's cause when it is a lost lock (a *LockLostError), else nil:
@@ -211,11 +252,24 @@ var skippedMessages = map[Reason]string{
 	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
 	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
 	ReasonLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
+	ReasonSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
+	ReasonSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).
 func (c *Client) skipped(job string, reason Reason) {
-	c.logger.Debug(skippedMessages[reason], slog.String("key", job), slog.String("reason", string(reason)))
-	c.emit(EventJobSkipped, job, nil, reason, nil)
-	c.history.skip(job, reason)
+	c.skippedSlot(job, reason, time.Time{}, 1)
+}
+
+// skippedSlot reports n skipped ticks or slots of job, the last of them slot (zero
+// for a job without a schedule).
+func (c *Client) skippedSlot(job string, reason Reason, slot time.Time, n int) {
+	attrs := []any{slog.String("key", job), slog.String("reason", string(reason))}
+	if !slot.IsZero() {
+		attrs = append(attrs, slog.Time("slot", slot), slog.Int("slots", n))
+	}
+	c.logger.Debug(skippedMessages[reason], attrs...)
+	c.health.count(EventJobSkipped)
+	c.events.emit(Event{Type: EventJobSkipped, Key: job, Reason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
+	c.history.skip(job, reason, n)
 }

@@ -42,7 +42,7 @@ type ClientOption interface{ clientOption() option }
 type AcquireOption interface{ acquireOption() option }
 
 // JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping,
-// AtMost and TTL.
+// AtMost, TTL, and for slots Cron, Every, CatchUp, Deadline and AtLeastOnce.
 type JobOption interface{ jobOption() option }
 
 // Option is an option that every call takes: a ClientOption, an AcquireOption and a
@@ -94,6 +94,11 @@ type settings struct {
 	withoutOverlapping bool
 	atMost             int           // AtMost's; 0: none
 	runRetention       time.Duration // RunHistory's; 0: off
+	schedule           *schedule     // Cron's or Every's; nil: none
+	catchUp            int           // CatchUp's; 0: none
+	deadline           time.Duration // Deadline's; 0: none
+	attempts           int           // AtLeastOnce's; 0: at most once
+	backoff            time.Duration // AtLeastOnce's
 }
 
 // applyOptions applies opts, given to the call callName, over s; get is the method of

@@ -16,7 +16,9 @@ const pruneBatch = 1000
 // deletes what fair waiters whose clients died leave in the queues (not polled for a
 // minute: such a waiter that comes back queues again) and the row of each semaphore
 // that no permit has a row of any more (the next acquisition of a permit makes it
-// again); those are not counted.
+// again); those are not counted. It deletes the slots of jobs with a schedule that
+// ended (or whose holder died) more than olderThan ago, never a job's latest, and
+// counts them.
 //
 // Prune never touches a live lock, whatever olderThan (0 prunes every lock not held
 // now), nor the row of a lock that an acquisition, a renewal, a release or an open
@@ -50,12 +52,24 @@ func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, err
 	if err != nil {
 		return 0, err
 	}
+	total, err := pruneAll(ctx, func(ctx context.Context) (int64, error) { return b.prune(ctx, olderThan, pruneBatch) })
+	if s := c.slotStore(); s != nil && err == nil {
+		var slots int64
+		slots, err = pruneAll(ctx, func(ctx context.Context) (int64, error) { return s.slotPrune(ctx, olderThan, pruneBatch) })
+		total += slots
+	}
+	return total, err
+}
+
+// pruneAll calls prune, which deletes up to pruneBatch rows, until it deletes fewer or
+// ctx ends, and returns how many rows it deleted.
+func pruneAll(ctx context.Context, prune func(ctx context.Context) (int64, error)) (int64, error) {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		n, err := b.prune(ctx, olderThan, pruneBatch)
+		n, err := prune(ctx)
 		total += n
 		if err != nil || n < pruneBatch {
 			return total, err
