@@ -58,7 +58,8 @@ const fenceMaxColumnLen = 63
 // quote it there, or use another mode (ExecFenced refuses it under that protocol).
 //
 // The query is refused with an error wrapping ErrUnsafeQuery when it cannot be
-// rewritten safely (see ErrUnsafeQuery; a DELETE is refused too). An error wrapping
+// rewritten safely (see ErrUnsafeQuery; a DELETE or an INSERT, which a column of the
+// rows it writes cannot fence, is refused too: fence those with FenceHeld). An error wrapping
 // ErrInvalidArgument reports an empty, over-long or non-UTF-8 column, a token that is
 // not positive, or len(args) different from the highest $n in the query. On error the
 // query is "" and args nil.
@@ -81,8 +82,13 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // (adding WHERE when none), with key and token as the new last two args. The original
 // condition is wrapped in parentheses, $n follows the highest parameter of the query,
 // and WITH queries, ONLY, aliases, FROM or USING, RETURNING and one trailing semicolon
-// are kept. pglock.lock_held comes with the 000002_lock_held
-// migration, and the written rows must be in the database that holds pglock.locks.
+// are kept. An INSERT's rows are selected WHERE pglock.lock_held($n, $m): its one row
+// of VALUES becomes SELECT <row> WHERE ..., its query SELECT * FROM (<query>) AS
+// pglock_fenced WHERE ... (ON CONFLICT and RETURNING kept: cast a parameter that stands
+// alone in its select list, $1::int, as in any subquery); DEFAULT VALUES, DEFAULT
+// among the values and several rows of VALUES are refused. pglock.lock_held comes with
+// the 000002_lock_held migration, and the written rows must be in the database that
+// holds pglock.locks.
 //
 // The guarantee, on the database clock: a write whose statement runs after the lock
 // was taken over, released or expired updates nothing (0 rows), because lock_held is
@@ -111,7 +117,7 @@ func FenceHeld(query, key string, token int64, args ...any) (string, []any, erro
 	if err := checkKey(key); err != nil {
 		return "", nil, err
 	}
-	st, n, err := prepareFence(query, token, len(args), 2, sqlfence.Update, sqlfence.Delete)
+	st, n, err := prepareFence(query, token, len(args), 2, sqlfence.Update, sqlfence.Delete, sqlfence.Insert)
 	if err != nil {
 		return "", nil, err
 	}

@@ -91,6 +91,7 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, limit: limit, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
+		j.lease.slotted = cfg.schedule != nil
 	}
 	j.slots = newSlotted(j, cfg)
 	c.onClose(func(ctx context.Context) error {

@@ -542,9 +542,7 @@ func (s *slotted) look() {
 	}
 	go func() {
 		defer s.j.runs.end()
-		ctx, cancel := context.WithTimeout(context.Background(), maxBackoff)
-		defer cancel()
-		if err := s.retry(ctx); err != nil && !errors.Is(err, ErrClosed) {
+		if err := s.retry(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
 			s.j.c.logger.Warn("pglock: job slot not retried", slog.String("key", s.j.key), slog.Any("err", err))
 		}
 	}()

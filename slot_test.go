@@ -200,22 +200,36 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	_, err := pool.Exec(ctx, `CREATE TABLE exports (id int PRIMARY KEY, attempt_token bigint NOT NULL DEFAULT 0, rows int)`)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `INSERT INTO exports (id, rows) VALUES (1, 0)`)
+	_, err = pool.Exec(ctx, `INSERT INTO exports (id, rows) VALUES (1, 0);
+		CREATE TABLE export_log (slot timestamptz, token bigint, rows int)`)
 	require.NoError(t, err)
-	// write is the export's fenced write: with the slot's lock (FenceHeld), then with its
-	// token in a column (FenceUpdate).
+	// write is the export's fenced writes: a row appended to its log and an update, with
+	// the slot's lock (FenceHeld), then the update with its token in a column
+	// (FenceUpdate). It returns how many rows they wrote.
 	write := func(ctx context.Context, rows int) (int64, error) {
+		ctx = context.WithoutCancel(ctx)
 		l, _ := pglock.FromContext(ctx)
-		q, args, err := pglock.FenceHeld("UPDATE exports SET rows = $1 WHERE id = 1", l.Key(), l.Token(), rows)
-		if err != nil {
-			return 0, err
+		slot, _ := pglock.SlotFromContext(ctx)
+		var n int64
+		for _, w := range []struct {
+			q    string
+			args []any
+		}{
+			{"INSERT INTO export_log (slot, token, rows) VALUES ($1, $2, $3)", []any{slot, l.Token(), rows}},
+			{"UPDATE exports SET rows = $1 WHERE id = 1", []any{rows}},
+		} {
+			q, args, err := pglock.FenceHeld(w.q, l.Key(), l.Token(), w.args...)
+			if err != nil {
+				return n, err
+			}
+			tag, err := pool.Exec(ctx, q, args...)
+			if err != nil {
+				return n, err
+			}
+			n += tag.RowsAffected()
 		}
-		tag, err := pool.Exec(context.WithoutCancel(ctx), q, args...)
-		if err != nil {
-			return 0, err
-		}
-		n, err := pglock.ExecFenced(context.WithoutCancel(ctx), pool, "UPDATE exports SET rows = $1 WHERE id = 1", "attempt_token", l.Token(), rows)
-		return tag.RowsAffected() + n, err
+		written, err := pglock.ExecFenced(ctx, pool, "UPDATE exports SET rows = $1 WHERE id = 1", "attempt_token", l.Token(), rows)
+		return n + written, err
 	}
 
 	const ttl = 500 * time.Millisecond
@@ -238,7 +252,7 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 	aliveJob, err := alive.Job("exports:ledger", runs.fn("alive", func(ctx context.Context) error {
 		defer close(retried)
 		n, err := write(ctx, 222)
-		if err == nil && n != 2 {
+		if err == nil && n != 3 {
 			err = errors.New("the retry's fenced writes were refused")
 		}
 		return err
@@ -257,9 +271,10 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 
 	close(resume) // the dead attempt's process runs again, and writes
 	require.Zero(t, receive(t, lateWrite, "the dead attempt's write"), "a dead attempt's fenced write landed")
-	var rows int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT rows FROM exports WHERE id = 1").Scan(&rows))
+	var rows, logged int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT rows, (SELECT count(*) FROM export_log) FROM exports WHERE id = 1").Scan(&rows, &logged))
 	require.Equal(t, 222, rows)
+	require.Equal(t, 1, logged, "the log has the retry's row alone")
 	stopped.Advance(time.Second)
 	require.ErrorIs(t, receive(t, deadRun), pglock.ErrLockLost)
 	requireEvents(t, &events, 1, pglock.EventJobSkipped, "exports:ledger", pglock.ReasonSlotClaimed)
