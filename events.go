@@ -65,6 +65,9 @@ type Event struct {
 	// Count is, for EventJobSkipped, how many ticks or slots it stands for: 1, or the
 	// slots missed at once (ReasonSlotMissed).
 	Count int
+	// Attempt is, for EventJobRan of a slot, its attempt: 1, or more for a retry
+	// (AtLeastOnce); else 0.
+	Attempt int
 }
 
 // eventQueueCap is how many events may wait for the handlers: beyond it, a new event

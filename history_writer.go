@@ -48,7 +48,8 @@ type skipCount struct {
 // record for the history.
 func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outcome Outcome, err string) {
 	end := time.Now()
-	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(), Slot: slot.slot}
+	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(),
+		Slot: slot.slot, Attempt: slot.attempt}
 	if l != nil {
 		ev.Owner, ev.Token = l.entry.Owner, l.token
 	}

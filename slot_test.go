@@ -384,3 +384,55 @@ func TestSlotScheduleRunsEachSlotOnceAcrossSchedulers(t *testing.T) {
 		})
 	}
 }
+
+// The run history records each run with its slot and attempt; JobStatuses says what
+// the slots came to, and counts the ticks that found their slot claimed.
+func TestSlotHistoryRecordsEachRunWithItsSlot(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	var runs slotRuns
+	failed := false
+	fn := runs.fn("a", func(context.Context) error {
+		if !failed {
+			failed = true
+			return errors.New("the warehouse did not answer")
+		}
+		return nil
+	})
+	a := newPoolClient(t, pool, pglock.WithInstanceName("a"))
+	b := newPoolClient(t, pool, pglock.WithInstanceName("b"))
+	opts := []pglock.JobOption{pglock.Every(time.Hour), pglock.AtLeastOnce(2, 0)}
+	ja, err := a.Job("stock:count", fn, opts...)
+	require.NoError(t, err)
+	jb, err := b.Job("stock:count", runs.fn("b", nil), opts...)
+	require.NoError(t, err)
+	require.ErrorContains(t, ja.Run(ctx), "the warehouse did not answer")
+	require.NoError(t, jb.Run(ctx)) // finds the slot claimed
+	require.Eventually(t, func() bool { return len(runs.all()) == 2 }, 10*time.Second, 5*time.Millisecond, "the retry")
+	slot := runs.all()[0].slot
+	require.Equal(t, slot, runs.all()[1].slot)
+
+	var history []pglock.JobRun
+	require.Eventually(t, func() bool {
+		history, err = a.JobRuns(ctx, "stock:count", 10)
+		return err == nil && len(history) == 2
+	}, 10*time.Second, 10*time.Millisecond)
+	for i, want := range []struct {
+		attempt int
+		outcome pglock.Outcome
+	}{{2, pglock.OutcomeOK}, {1, pglock.OutcomeError}} {
+		require.Equal(t, slot, history[i].Slot)
+		require.Equal(t, want.attempt, history[i].Attempt)
+		require.Equal(t, want.outcome, history[i].Outcome)
+	}
+	require.Eventually(t, func() bool {
+		statuses, err := b.JobStatuses(ctx)
+		if err != nil || len(statuses) != 1 || statuses[0].Slots == nil || len(statuses[0].Skips) != 1 {
+			return false
+		}
+		s := statuses[0]
+		return *s.Slots == pglock.JobSlots{Last: slot, OK: 1, Retried: 1} && s.LastRun.Slot.Equal(slot) &&
+			s.Skips[0].Reason == pglock.ReasonSlotClaimed && s.Skips[0].Instance == "b"
+	}, 10*time.Second, 10*time.Millisecond)
+}

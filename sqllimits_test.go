@@ -223,6 +223,17 @@ func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
 		call{"job_slot_prune with a negative age", "SELECT pglock.job_slot_prune(-1, 1000)", nil},
 		call{"job_slot_prune of 0 rows", "SELECT pglock.job_slot_prune(0, 0)", nil},
 	)
+	record := "SELECT pglock.job_run_record('j', 'i', 'o', 1, 0, 0, 'ok', NULL, 60000, $1, $2)"
+	for name, args := range map[string][]any{
+		"a slot without an attempt": {1000, nil},
+		"an attempt without a slot": {nil, 1},
+		"attempt 0":                 {1000, 0},
+		"attempt 101":               {1000, 101},
+		"a negative slot":           {-1, 1},
+		"a slot past the year 9999": {int64(253402300800000), 1},
+	} {
+		calls = append(calls, call{"job_run_record with " + name, record, args})
+	}
 	for _, c := range calls {
 		_, err := app.Exec(ctx, c.sql, c.args...)
 		var pgErr *pgconn.PgError

@@ -321,6 +321,103 @@ BEGIN
     RETURN deleted;
 END $$;
 
+-- The run history records each run's slot and attempt: job_run_record takes them (the
+-- form without them, which clients of 000029 call, records none), job_run_list returns
+-- them with the rest of the row, job_run_slot those of job_last_runs's runs.
+ALTER TABLE pglock.job_runs ADD COLUMN IF NOT EXISTS slot timestamptz;    -- the slot the run stood for; null without
+ALTER TABLE pglock.job_runs ADD COLUMN IF NOT EXISTS attempt integer;     -- its attempt, 1 for the first; null without
+
+-- job_run_record as in 000027, with the run's slot (milliseconds since the epoch) and
+-- attempt, both null for a job without slots.
+CREATE OR REPLACE FUNCTION pglock.job_run_record(job text, instance text, owner text, token bigint,
+    ended_ago_us bigint, duration_us bigint, outcome text, err text, retention_ms bigint, slot_ms bigint, attempt integer)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ended timestamptz;
+    run_id bigint;
+BEGIN
+    IF NOT coalesce(pglock.lock_key_ok(job_run_record.job), false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'job', 'a job''s name: 1 to 500 characters without U+001F', job_run_record.job);
+    ELSIF NOT coalesce(length(job_run_record.instance) BETWEEN 1 AND 200, false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'instance', '1 to 200 characters', job_run_record.instance);
+    ELSIF NOT coalesce(pglock.lock_owner_ok(job_run_record.owner), false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'owner', '1 to 255 characters', job_run_record.owner);
+    ELSIF NOT coalesce(job_run_record.token > 0, false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'token', 'above 0', job_run_record.token::text);
+    ELSIF NOT coalesce(job_run_record.ended_ago_us BETWEEN 0 AND 3155760000000000, false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'ended_ago_us', '0 to 3155760000000000 (100 years)', job_run_record.ended_ago_us::text);
+    ELSIF NOT coalesce(job_run_record.duration_us BETWEEN 0 AND 3155760000000000, false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'duration_us', '0 to 3155760000000000 (100 years)', job_run_record.duration_us::text);
+    ELSIF NOT coalesce(job_run_record.outcome IN ('ok', 'error', 'panicked', 'lost'), false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'outcome', 'ok, error, panicked or lost', job_run_record.outcome);
+    ELSIF NOT coalesce(job_run_record.retention_ms BETWEEN 1 AND 9223372036855, false) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_run_record.retention_ms::text);
+    ELSIF NOT coalesce(job_run_record.slot_ms BETWEEN 0 AND 253402300799999 AND job_run_record.attempt BETWEEN 1 AND 100,
+                       job_run_record.slot_ms IS NULL AND job_run_record.attempt IS NULL) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'slot_ms and attempt', 'both null, or a slot of 0 to 253402300799999 (milliseconds since the epoch) and an attempt of 1 to 100',
+            format('%s and %s', job_run_record.slot_ms, job_run_record.attempt));
+    END IF;
+    ended := statement_timestamp() - job_run_record.ended_ago_us * interval '1 microsecond';
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO pglock.job_runs AS r (job, instance, owner, fencing_token, started_at, ended_at, outcome, error, slot, attempt)
+    VALUES (job_run_record.job, job_run_record.instance, job_run_record.owner, job_run_record.token,
+            ended - job_run_record.duration_us * interval '1 microsecond', ended,
+            job_run_record.outcome, left(job_run_record.err, 1000),
+            timestamptz 'epoch' + job_run_record.slot_ms * interval '1 millisecond', job_run_record.attempt)
+    RETURNING r.id INTO run_id;
+    IF run_id % 16 = 0 THEN
+        DELETE FROM pglock.job_runs r
+        WHERE r.id IN (
+            SELECT o.id FROM pglock.job_runs o
+            WHERE o.job = job_run_record.job
+              AND o.ended_at < clock_timestamp() - job_run_record.retention_ms * interval '1 millisecond'
+            ORDER BY o.ended_at, o.id
+            LIMIT 64
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    RETURN run_id;
+END $$;
+
+-- job_run_record without a slot, as 000029's clients call it.
+CREATE OR REPLACE FUNCTION pglock.job_run_record(job text, instance text, owner text, token bigint,
+    ended_ago_us bigint, duration_us bigint, outcome text, err text, retention_ms bigint) RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL)
+$$;
+
+-- job_run_slot returns the slot (milliseconds since the epoch) and attempt of the run
+-- id, nulls for a run without or unknown: what job_last_runs (whose columns a
+-- migration cannot change, as the migrations run again) does not say.
+CREATE OR REPLACE FUNCTION pglock.job_run_slot(id bigint, OUT slot_ms bigint, OUT attempt integer)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT round(date_part('epoch', r.slot) * 1000)::bigint, r.attempt FROM pglock.job_runs r WHERE r.id = $1
+$$;
+
+-- job_slot_stats returns, per job with slots (as Prune left them), its latest slot and
+-- how many of its slots ended in success (ok), ended without it with no attempt left
+-- (failed), are running (live lock), lost their holder with no attempt left (lost) or
+-- wait for another attempt (pending), and how many attempts were retries.
+CREATE OR REPLACE FUNCTION pglock.job_slot_stats()
+RETURNS TABLE (job text, last_slot timestamptz, ok bigint, failed bigint, running bigint, lost bigint, pending bigint,
+               retried bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    SELECT s.job, max(s.slot),
+           count(*) FILTER (WHERE s.outcome = 'ok'),
+           count(*) FILTER (WHERE s.outcome NOT IN ('ok', 'missed') AND s.attempt >= s.attempts),
+           count(*) FILTER (WHERE s.ended_at IS NULL AND s.live),
+           count(*) FILTER (WHERE s.ended_at IS NULL AND NOT s.live AND s.attempt >= s.attempts),
+           count(*) FILTER (WHERE s.attempt < s.attempts AND (s.outcome NOT IN ('ok', 'missed') OR s.ended_at IS NULL AND NOT s.live)),
+           coalesce(sum(s.attempt - 1) FILTER (WHERE s.attempt > 1), 0)
+    FROM (SELECT p.*, EXISTS (SELECT FROM pglock.locks l
+                              WHERE l.key = pglock.job_slot_key(p.job, round(date_part('epoch', p.slot) * 1000)::bigint)
+                                AND l.owner = p.owner AND l.fencing_token = p.fencing_token
+                                AND l.expires_at > clock_timestamp()) AS live
+          FROM pglock.job_slots p) s
+    GROUP BY s.job
+    ORDER BY s.job
+$$;
+
 -- As 000006 asks: no privilege for PUBLIC; EXECUTE for the roles that may call
 -- lock_acquire (the helpers run as their caller: such a role has no privilege on the
 -- tables).
@@ -331,6 +428,9 @@ REVOKE ALL ON FUNCTION pglock.job_slot_claim(text, bigint, bigint, text, bigint,
 REVOKE ALL ON FUNCTION pglock.job_slot_end(text, bigint, text, bigint, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pglock.job_slot_retry(text, text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION pglock.job_slot_prune(bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_slot_stats() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_run_slot(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION pglock.job_run_record(text, text, text, bigint, bigint, bigint, text, text, bigint, bigint, integer) FROM PUBLIC;
 DO $$
 DECLARE
     r record;
@@ -344,6 +444,7 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION pglock.job_slot_key(text, bigint), pglock.job_slot_due(text), '
             'pglock.job_slot_claim(text, bigint, bigint, text, bigint, integer, bigint), '
             'pglock.job_slot_end(text, bigint, text, bigint, text, bigint), pglock.job_slot_retry(text, text, bigint), '
-            'pglock.job_slot_prune(bigint, integer) TO %s', r.grantee);
+            'pglock.job_slot_prune(bigint, integer), pglock.job_slot_stats(), pglock.job_run_slot(bigint), '
+            'pglock.job_run_record(text, text, text, bigint, bigint, bigint, text, text, bigint, bigint, integer) TO %s', r.grantee);
     END LOOP;
 END $$;

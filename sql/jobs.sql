@@ -47,6 +47,16 @@ REVOKE EXECUTE ON FUNCTION pglock.job_run_list(text,integer) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pglock.job_run_record(job text, instance text, owner text, token bigint, ended_ago_us bigint, duration_us bigint, outcome text, err text, retention_ms bigint)
  RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, NULL)
+$function$;
+REVOKE EXECUTE ON FUNCTION pglock.job_run_record(text,text,text,bigint,bigint,bigint,text,text,bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pglock.job_run_record(job text, instance text, owner text, token bigint, ended_ago_us bigint, duration_us bigint, outcome text, err text, retention_ms bigint, slot_ms bigint, attempt integer)
+ RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -71,13 +81,18 @@ BEGIN
         PERFORM pglock.lock_refuse('job_run_record', 'outcome', 'ok, error, panicked or lost', job_run_record.outcome);
     ELSIF NOT coalesce(job_run_record.retention_ms BETWEEN 1 AND 9223372036855, false) THEN
         PERFORM pglock.lock_refuse('job_run_record', 'retention_ms', '1 to 9223372036855 (a time.Duration''s range)', job_run_record.retention_ms::text);
+    ELSIF NOT coalesce(job_run_record.slot_ms BETWEEN 0 AND 253402300799999 AND job_run_record.attempt BETWEEN 1 AND 100,
+                       job_run_record.slot_ms IS NULL AND job_run_record.attempt IS NULL) THEN
+        PERFORM pglock.lock_refuse('job_run_record', 'slot_ms and attempt', 'both null, or a slot of 0 to 253402300799999 (milliseconds since the epoch) and an attempt of 1 to 100',
+            format('%s and %s', job_run_record.slot_ms, job_run_record.attempt));
     END IF;
     ended := statement_timestamp() - job_run_record.ended_ago_us * interval '1 microsecond';
     PERFORM set_config('synchronous_commit', 'off', true);
-    INSERT INTO pglock.job_runs AS r (job, instance, owner, fencing_token, started_at, ended_at, outcome, error)
+    INSERT INTO pglock.job_runs AS r (job, instance, owner, fencing_token, started_at, ended_at, outcome, error, slot, attempt)
     VALUES (job_run_record.job, job_run_record.instance, job_run_record.owner, job_run_record.token,
             ended - job_run_record.duration_us * interval '1 microsecond', ended,
-            job_run_record.outcome, left(job_run_record.err, 1000))
+            job_run_record.outcome, left(job_run_record.err, 1000),
+            timestamptz 'epoch' + job_run_record.slot_ms * interval '1 millisecond', job_run_record.attempt)
     RETURNING r.id INTO run_id;
     IF run_id % 16 = 0 THEN
         DELETE FROM pglock.job_runs r
@@ -91,7 +106,17 @@ BEGIN
     END IF;
     RETURN run_id;
 END $function$;
-REVOKE EXECUTE ON FUNCTION pglock.job_run_record(text,text,text,bigint,bigint,bigint,text,text,bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pglock.job_run_record(text,text,text,bigint,bigint,bigint,text,text,bigint,bigint,integer) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pglock.job_run_slot(id bigint, OUT slot_ms bigint, OUT attempt integer)
+ RETURNS record
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT round(date_part('epoch', r.slot) * 1000)::bigint, r.attempt FROM pglock.job_runs r WHERE r.id = $1
+$function$;
+REVOKE EXECUTE ON FUNCTION pglock.job_run_slot(bigint) FROM PUBLIC;
 
 CREATE OR REPLACE FUNCTION pglock.job_skip_list()
  RETURNS SETOF pglock.job_skips
@@ -403,3 +428,26 @@ BEGIN
     due_us := pglock.job_slot_due(job_slot_retry.job);
 END $function$;
 REVOKE EXECUTE ON FUNCTION pglock.job_slot_retry(text,text,bigint) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION pglock.job_slot_stats()
+ RETURNS TABLE(job text, last_slot timestamp with time zone, ok bigint, failed bigint, running bigint, lost bigint, pending bigint, retried bigint)
+ LANGUAGE sql
+ STABLE SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT s.job, max(s.slot),
+           count(*) FILTER (WHERE s.outcome = 'ok'),
+           count(*) FILTER (WHERE s.outcome NOT IN ('ok', 'missed') AND s.attempt >= s.attempts),
+           count(*) FILTER (WHERE s.ended_at IS NULL AND s.live),
+           count(*) FILTER (WHERE s.ended_at IS NULL AND NOT s.live AND s.attempt >= s.attempts),
+           count(*) FILTER (WHERE s.attempt < s.attempts AND (s.outcome NOT IN ('ok', 'missed') OR s.ended_at IS NULL AND NOT s.live)),
+           coalesce(sum(s.attempt - 1) FILTER (WHERE s.attempt > 1), 0)
+    FROM (SELECT p.*, EXISTS (SELECT FROM pglock.locks l
+                              WHERE l.key = pglock.job_slot_key(p.job, round(date_part('epoch', p.slot) * 1000)::bigint)
+                                AND l.owner = p.owner AND l.fencing_token = p.fencing_token
+                                AND l.expires_at > clock_timestamp()) AS live
+          FROM pglock.job_slots p) s
+    GROUP BY s.job
+    ORDER BY s.job
+$function$;
+REVOKE EXECUTE ON FUNCTION pglock.job_slot_stats() FROM PUBLIC;

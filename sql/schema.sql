@@ -37,6 +37,8 @@ CREATE TABLE pglock.job_runs (
     ended_at timestamp with time zone NOT NULL,
     outcome text NOT NULL,
     error text,
+    slot timestamp with time zone,
+    attempt integer,
     CONSTRAINT job_runs_pkey PRIMARY KEY (id),
     CONSTRAINT job_runs_outcome_check CHECK (outcome = ANY (ARRAY['ok'::text, 'error'::text, 'panicked'::text, 'lost'::text]))
 );
