@@ -248,15 +248,15 @@ func listenOn(cfg *pgx.ConnConfig) ClientOption {
 // for as long as its Client is up; it runs every tick. The other instances skip each
 // tick. When the owner dies, its lease expires after the ttl, on the database clock,
 // and the first tick after that, on any instance, takes the job over; when it closes
-// its Client, it hands the lease back at once (see Client.Close). Missed ticks are not
-// caught up.
+// its Client, it hands the lease back at once (see Client.Close).
 //
-// The lease vouches that no two instances run the same tick, so a tick it cannot vouch
-// for is skipped (ReasonLeaseInDoubt): on the owner, when its renewal is overdue; on
-// another instance, when its take is answered more than a third of the ttl after the
-// tick began (an owner paused past its lease may have run that tick). Ticks of the
-// same time that fire more than a sixth of the ttl apart on two instances can both
-// run: keep the ttl well above the clocks' skew and the scheduler's jitter. It is a JobOption: Client.Job takes it.
+// With a schedule (Cron, Every) the owner claims the slots, which vouch that each runs
+// once. Without one, the lease vouches that no two instances run the same tick, so a
+// tick it cannot vouch for is skipped (ReasonLeaseInDoubt): on the owner, when its
+// renewal is overdue; on another instance, when its take is answered more than a third
+// of the ttl after the tick began. Ticks of the same time that fire more than a sixth
+// of the ttl apart on two instances can then both run, and missed ticks are not caught
+// up. It is a JobOption: Client.Job takes it.
 func OnOneInstance() JobOption {
 	return jobOpt{name: "OnOneInstance", apply: func(s *settings) error {
 		s.oneInstance = true
