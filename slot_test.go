@@ -436,3 +436,37 @@ func TestSlotHistoryRecordsEachRunWithItsSlot(t *testing.T) {
 			s.Skips[0].Reason == pglock.ReasonSlotClaimed && s.Skips[0].Instance == "b"
 	}, 10*time.Second, 10*time.Millisecond)
 }
+
+// A tick that finds its slot claimed writes nothing: no WAL, no transaction id, no
+// token drawn; most ticks of a slot are such.
+func TestSlotLosingClaimWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	var now int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&now))
+	slot := now - now%3600000
+	claim := "SELECT * FROM pglock.job_slot_claim('exports:nightly', $1, $2, $3, 60000, 1, 0)"
+	var status string
+	var token *int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT status, fencing_token FROM ("+claim+") c", slot, slot+3600000, "winner").Scan(&status, &token))
+	require.Equal(t, "claimed", status)
+	var seq int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT last_value FROM pglock.fencing_token_seq").Scan(&seq))
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tx.Rollback(context.WithoutCancel(ctx))) }()
+	for range 20 {
+		var out []byte
+		require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+claim, slot, slot+3600000, "loser").Scan(&out))
+		require.Regexp(t, `"WAL Records": 0\b`, string(out), "a losing claim wrote WAL")
+		require.Regexp(t, `"WAL Bytes": 0\b`, string(out), "a losing claim wrote WAL")
+	}
+	var xid *string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT txid_current_if_assigned()::text").Scan(&xid))
+	require.Nil(t, xid, "a losing claim took a transaction id")
+	var after int64
+	require.NoError(t, tx.QueryRow(ctx, "SELECT last_value FROM pglock.fencing_token_seq").Scan(&after))
+	require.Equal(t, seq, after, "a losing claim drew a token")
+}

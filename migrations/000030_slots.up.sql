@@ -146,6 +146,8 @@ BEGIN
         VALUES (job_slot_claim.job, slot_at, 0, job_slot_claim.attempts, now, now, 'missed')
         ON CONFLICT ON CONSTRAINT job_slots_pkey DO NOTHING;
         status := CASE WHEN FOUND THEN 'late' ELSE 'taken' END;
+    ELSIF EXISTS (SELECT FROM pglock.job_slots p WHERE p.job = job_slot_claim.job AND p.slot = slot_at) THEN
+        status := 'taken'; -- a read first, which locks and draws nothing: most ticks of a slot lose
     ELSE
         token := pglock.fencing_token_next();
         INSERT INTO pglock.job_slots AS p (job, slot, attempt, attempts, fencing_token, owner, claimed_at)

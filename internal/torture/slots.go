@@ -147,11 +147,13 @@ func (c *controller) mutateSlots(ctx context.Context) error {
 		Scan(&def); err != nil {
 		return err
 	}
+	const read = `ELSIF EXISTS (SELECT FROM pglock.job_slots p WHERE p.job = job_slot_claim.job AND p.slot = slot_at) THEN`
 	const claim = `VALUES (job_slot_claim.job, slot_at, 1, job_slot_claim.attempts, token, job_slot_claim.owner, now)
         ON CONFLICT ON CONSTRAINT job_slots_pkey DO NOTHING;`
-	if !strings.Contains(def, claim) {
+	if !strings.Contains(def, read) || !strings.Contains(def, claim) {
 		return errors.New("torture: slot-reclaim: job_slot_claim is not as the mutation expects")
 	}
+	def = strings.Replace(def, read, `ELSIF false THEN`, 1)
 	def = strings.Replace(def, claim, `VALUES (job_slot_claim.job, slot_at, 1, job_slot_claim.attempts, token, job_slot_claim.owner, now)
         ON CONFLICT ON CONSTRAINT job_slots_pkey DO UPDATE
         SET fencing_token = excluded.fencing_token, owner = excluded.owner, claimed_at = excluded.claimed_at;`, 1)
