@@ -577,14 +577,7 @@ func TestFenceHeldWrites(t *testing.T) {
 	require.NoError(t, err)
 	var old int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 60000)").Scan(&old))
-	exec := func(query string, token int64, args ...any) int64 {
-		t.Helper()
-		q, fencedArgs, err := FenceHeld(query, "k", token, args...)
-		require.NoError(t, err)
-		tag, err := pool.Exec(ctx, q, fencedArgs...)
-		require.NoError(t, err)
-		return tag.RowsAffected()
-	}
+	exec := fenceHeldExec(t, pool, "k")
 	require.EqualValues(t, 1, exec("UPDATE products SET in_stock = $1 WHERE id = $2", old, 10, 1), "the holder writes")
 
 	// The lock expires on the database clock: no timing games with a short ttl.
@@ -615,14 +608,7 @@ func TestFenceHeldInserts(t *testing.T) {
 	require.NoError(t, err)
 	var old int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 60000)").Scan(&old))
-	exec := func(query string, token int64, args ...any) int64 {
-		t.Helper()
-		q, fencedArgs, err := FenceHeld(query, "k", token, args...)
-		require.NoError(t, err)
-		tag, err := pool.Exec(ctx, q, fencedArgs...)
-		require.NoError(t, err, q)
-		return tag.RowsAffected()
-	}
+	exec := fenceHeldExec(t, pool, "k")
 	// The query becomes a subquery: a parameter alone in its select list needs a cast.
 	count := "INSERT INTO ledger (id, amount) SELECT 100 + count(*), $1::int FROM ledger WHERE amount < 0"
 	require.EqualValues(t, 1, exec("INSERT INTO ledger (id, amount, at) VALUES ($1, $2, now())", old, 1, 10), "the holder inserts")
@@ -643,6 +629,19 @@ func TestFenceHeldInserts(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), sum(amount) FROM ledger").Scan(&rows, &sum))
 	require.Equal(t, 2, rows)
 	require.Equal(t, 45, sum)
+}
+
+// fenceHeldExec returns a function that runs query fenced by FenceHeld with key and
+// token, and returns the rows it wrote.
+func fenceHeldExec(t *testing.T, pool *pgxpool.Pool, key string) func(query string, token int64, args ...any) int64 {
+	return func(query string, token int64, args ...any) int64 {
+		t.Helper()
+		q, fencedArgs, err := FenceHeld(query, key, token, args...)
+		require.NoError(t, err)
+		tag, err := pool.Exec(context.Background(), q, fencedArgs...)
+		require.NoError(t, err, q)
+		return tag.RowsAffected()
+	}
 }
 
 func TestExecFenced(t *testing.T) {

@@ -13,8 +13,9 @@ import (
 )
 
 // Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
-// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
-// it with GocronOptions, for example:
+// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. A job
+// with a schedule (Cron, Every) registers itself with Job.Schedule instead; register
+// another with GocronOptions, for example:
 //
 //	job, err := client.Job("inventory:stock-reconciliation", reconcile, pglock.OnOneInstance(), pglock.WithoutOverlapping())
 //	...
