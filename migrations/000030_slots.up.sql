@@ -67,7 +67,7 @@ $$;
 -- microseconds since the epoch: a failed attempt's retry_at, a running attempt's lock's
 -- expiry (now when its lock is gone); null when no slot of job may be.
 CREATE OR REPLACE FUNCTION pglock.job_slot_due(job text) RETURNS bigint
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SECURITY INVOKER SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.min(
                CASE WHEN p.ended_at IS NOT NULL THEN p.retry_at
                     ELSE GREATEST(pg_catalog.clock_timestamp(),

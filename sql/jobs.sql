@@ -278,6 +278,7 @@ CREATE OR REPLACE FUNCTION pglock.job_slot_due(job text)
  RETURNS bigint
  LANGUAGE sql
  STABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
     SELECT pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.min(
                CASE WHEN p.ended_at IS NOT NULL THEN p.retry_at
