@@ -538,6 +538,43 @@
 // FailedCall and FailedAt): Err wraps the driver's error, which may name the
 // database's user, host and database; log it instead.
 //
+// # Slots
+//
+// A job with a schedule (Cron, Every) names each scheduled time a slot, and runs each
+// slot once. A tick claims the slot it stands for in one statement (a row of
+// pglock.job_slots, unique per job and slot): of any number of ticks that name it, on
+// any instances, one claims it and runs it; the others skip it (ReasonSlotClaimed). The
+// slot a tick stands for is read on the database's clock: the schedule's last slot at
+// or before the database's now plus an early tolerance of half the gap to the next
+// slot, a second at most. So the instances' timers may fire any time from that
+// tolerance before the slot to the next slot after it, and an owner paused past its
+// lease finds, when it resumes, the slot it meant to run already claimed. What timing
+// can still do: a tick that comes more than the tolerance early names the slot before
+// (already claimed: it skips), one that comes after the next slot names that one.
+//
+// Each claim, and each new attempt of a slot, takes the slot's lock, the key
+// "<job>:slot:<the slot in ms since the epoch>", with a token drawn as every token is:
+// renewed while the run goes on, FromContext's Lock inside the run, the fence of its
+// writes (FenceHeld with its key, FenceUpdate with its token). The run's end records its
+// outcome and releases that lock in one statement.
+//
+// Slots that no tick claimed (every instance was down, or an OnOneInstance owner died
+// and its lease had not yet expired) are found by the next claim: they count as missed
+// (ReasonSlotMissed), or CatchUp(n) runs the latest n of them first. With CatchUp,
+// Job.Schedule also runs a tick when the scheduler starts, so that a slot missed while
+// the whole fleet was down runs when the first instance comes back. Deadline makes a
+// slot not started in time count as missed instead.
+//
+// At most once is the default: a claimed slot never runs again, whatever becomes of its
+// run (a run whose holder died stays claimed; its lock expires). AtLeastOnce(n, b)
+// runs again a slot whose attempt did not succeed: an error, a panic, a lock lost, or a
+// holder that died (its slot's lock expired); up to n attempts, after b·2^(k-1), each
+// with a greater token so that a dead attempt's late fenced write is refused. An
+// instance that finds a slot claimed looks at it again when its attempt's lock would
+// expire, one statement per look, while it runs. A crash right after a successful end
+// may lose the end's record (it is not flushed, as a release is not): the slot then
+// runs again.
+//
 // # Stores
 //
 // A Client keeps its locks in a Store: New makes one on its pool, and NewWithStore takes

@@ -78,6 +78,13 @@ const (
 	// lease that another instance kept until then may have run it), or the owner's
 	// renewal was overdue (its lease may end before another instance's tick is late).
 	ReasonLeaseInDoubt Reason = "lease-in-doubt"
+	// ReasonSlotClaimed: a tick of a job with a schedule was skipped because another
+	// tick, on this instance or another, claimed its slot first.
+	ReasonSlotClaimed Reason = "slot-claimed"
+	// ReasonSlotMissed: slots of a job with a schedule were missed: no tick claimed
+	// them, or none in their Deadline, and CatchUp did not run them (Event.Count says
+	// how many).
+	ReasonSlotMissed Reason = "slot-missed"
 	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
 	// error or panicked; the instance campaigns again after ttl/3.
 	ReasonOnAcquiredFailed Reason = "on-acquired-failed"

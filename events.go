@@ -59,6 +59,15 @@ type Event struct {
 	Duration time.Duration
 	Outcome  Outcome   // for EventJobRan: how the run ended
 	Time     time.Time // on the client's clock
+	// Slot is, for EventJobRan and EventJobSkipped of a job with a schedule (Cron,
+	// Every), the slot the run or skip stands for (the last one, for several); else zero.
+	Slot time.Time
+	// Count is, for EventJobSkipped, how many ticks or slots it stands for: 1, or the
+	// slots missed at once (ReasonSlotMissed).
+	Count int
+	// Attempt is, for EventJobRan of a slot, its attempt: 1, or more for a retry
+	// (AtLeastOnce); else 0.
+	Attempt int
 }
 
 // eventQueueCap is how many events may wait for the handlers: beyond it, a new event

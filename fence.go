@@ -37,7 +37,7 @@ const fenceMaxColumnLen = 63
 // token appended. Equal tokens pass, so a holder may write many times; a stale holder's
 // write updates no row. Declare column bigint NOT NULL DEFAULT 0, unambiguous in the
 // WHERE. An error wrapping ErrUnsafeQuery refuses a query it cannot rewrite safely (a
-// DELETE too); one wrapping ErrInvalidArgument reports an empty, over-long or non-UTF-8
+// DELETE or an INSERT too: fence those with FenceHeld); one wrapping ErrInvalidArgument reports an empty, over-long or non-UTF-8
 // column, a token that is not positive, or len(args) different from the highest $n. On
 // error the query is "" and args nil. See the package doc, # Fenced writes.
 func FenceUpdate(query, column string, token int64, args ...any) (string, []any, error) {
@@ -55,9 +55,10 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 	return st.Rewrite(set, cond), withFenceArgs(args, token), nil
 }
 
-// FenceHeld rewrites an UPDATE or a DELETE so that it writes only while the lock of key
-// with token is held live, on the database clock, adding AND pglock.lock_held($n, $m) to
-// its WHERE and key and token to args. The rows must be in the database of pglock.locks;
+// FenceHeld rewrites an UPDATE, a DELETE or an INSERT so that it writes only while the
+// lock of key with token is held live, on the database clock, adding AND
+// pglock.lock_held($n, $m) to its WHERE (an INSERT's rows are selected WHERE it) and key
+// and token to args. The rows must be in the database of pglock.locks;
 // no takeover happens while the write's transaction is open. Errors wrap ErrUnsafeQuery
 // for a query it cannot rewrite safely, ErrInvalidKey for a bad key, and
 // ErrInvalidArgument for a token that is not positive or len(args) different from the
@@ -66,7 +67,7 @@ func FenceHeld(query, key string, token int64, args ...any) (string, []any, erro
 	if err := checkKey(key); err != nil {
 		return "", nil, err
 	}
-	st, n, err := prepareFence(query, token, len(args), 2, sqlfence.Update, sqlfence.Delete)
+	st, n, err := prepareFence(query, token, len(args), 2, sqlfence.Update, sqlfence.Delete, sqlfence.Insert)
 	if err != nil {
 		return "", nil, err
 	}

@@ -577,14 +577,7 @@ func TestFenceHeldWrites(t *testing.T) {
 	require.NoError(t, err)
 	var old int64
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 60000)").Scan(&old))
-	exec := func(query string, token int64, args ...any) int64 {
-		t.Helper()
-		q, fencedArgs, err := FenceHeld(query, "k", token, args...)
-		require.NoError(t, err)
-		tag, err := pool.Exec(ctx, q, fencedArgs...)
-		require.NoError(t, err)
-		return tag.RowsAffected()
-	}
+	exec := fenceHeldExec(t, pool, "k")
 	require.EqualValues(t, 1, exec("UPDATE products SET in_stock = $1 WHERE id = $2", old, 10, 1), "the holder writes")
 
 	// The lock expires on the database clock: no timing games with a short ttl.
@@ -602,6 +595,53 @@ func TestFenceHeldWrites(t *testing.T) {
 	var inStock int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT in_stock FROM products WHERE id = 1").Scan(&inStock))
 	require.Equal(t, 30, inStock)
+}
+
+// TestFenceHeldInserts: an INSERT fenced by the lock writes its rows only while the
+// lock is the live one: a row of VALUES, ON CONFLICT and RETURNING kept, and a query
+// whose aggregate would give a row even where its WHERE gave none.
+func TestFenceHeldInserts(t *testing.T) {
+	t.Parallel()
+	pool := fenceTestDB(t)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE ledger (id bigint PRIMARY KEY, amount int NOT NULL, at timestamptz)`)
+	require.NoError(t, err)
+	var old int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'a', 60000)").Scan(&old))
+	exec := fenceHeldExec(t, pool, "k")
+	// The query becomes a subquery: a parameter alone in its select list needs a cast.
+	count := "INSERT INTO ledger (id, amount) SELECT 100 + count(*), $1::int FROM ledger WHERE amount < 0"
+	require.EqualValues(t, 1, exec("INSERT INTO ledger (id, amount, at) VALUES ($1, $2, now())", old, 1, 10), "the holder inserts")
+	require.EqualValues(t, 1, exec(count, old, 5), "the holder inserts what a query selects")
+
+	_, err = pool.Exec(ctx, "UPDATE pglock.locks SET expires_at = clock_timestamp() WHERE key = 'k'")
+	require.NoError(t, err)
+	require.EqualValues(t, 0, exec("INSERT INTO ledger (id, amount) VALUES ($1, $2)", old, 2, 20), "an expired lock inserts nothing")
+	var current int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'b', 60000)").Scan(&current))
+	require.EqualValues(t, 0, exec("INSERT INTO ledger (id, amount) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET amount = excluded.amount RETURNING id", old, 1, 30),
+		"the old holder neither inserts nor updates on conflict")
+	require.EqualValues(t, 0, exec(count, old, 6), "the old holder's aggregate inserts nothing")
+	require.EqualValues(t, 1, exec("INSERT INTO ledger (id, amount) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET amount = excluded.amount RETURNING id", current, 1, 40),
+		"the new holder writes")
+
+	var rows, sum int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), sum(amount) FROM ledger").Scan(&rows, &sum))
+	require.Equal(t, 2, rows)
+	require.Equal(t, 45, sum)
+}
+
+// fenceHeldExec returns a function that runs query fenced by FenceHeld with key and
+// token, and returns the rows it wrote.
+func fenceHeldExec(t *testing.T, pool *pgxpool.Pool, key string) func(query string, token int64, args ...any) int64 {
+	return func(query string, token int64, args ...any) int64 {
+		t.Helper()
+		q, fencedArgs, err := FenceHeld(query, key, token, args...)
+		require.NoError(t, err)
+		tag, err := pool.Exec(context.Background(), q, fencedArgs...)
+		require.NoError(t, err, q)
+		return tag.RowsAffected()
+	}
 }
 
 func TestExecFenced(t *testing.T) {

@@ -14,7 +14,8 @@ import (
 
 // Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
 // passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
-// it with GocronOptions(j.Key()) (see the package doc, # Jobs).
+// it with GocronOptions(j.Key()); a job with a schedule (Cron, Every) registers itself
+// with Job.Schedule instead (see the package doc, # Jobs).
 func (j *Job) Task() gocron.Task {
 	return gocron.NewTask(j.Run)
 }
@@ -246,7 +247,7 @@ func (g *gocronLock) Unlock(context.Context) error {
 		if err != nil {
 			outcome, text = OutcomeLost, err.Error()
 		}
-		g.k.c.jobRan(g.job, g.l, g.start, outcome, text)
+		g.k.c.jobRan(g.job, g.l, slotRun{}, g.start, outcome, text)
 		g.k.runs.end()
 	})
 	return err

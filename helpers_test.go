@@ -340,3 +340,29 @@ func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Du
 
 // plainStore hides every optional capability of the store it wraps.
 type plainStore struct{ pglock.Store }
+
+// badInput is a call with bad input, for a table test: it must fail with want, its
+// text pglock-prefixed, and leave key (when not "") free to register.
+type badInput struct {
+	name string
+	key  string // registered by the bad call if it had gone through; "" when none
+	call func(t *testing.T, c *pglock.Client) error
+	want error
+}
+
+// requireBadInputRefused runs each case on a new client on store; register registers
+// a job of the key a refused call left free.
+func requireBadInputRefused(t *testing.T, store pglock.Store, cases []badInput, register func(c *pglock.Client, key string) error) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(t, store, quiet)
+			err := tc.call(t, c)
+			require.ErrorIs(t, err, tc.want)
+			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
+			if tc.key != "" { // the key is still free
+				require.NoError(t, register(c, tc.key))
+			}
+		})
+	}
+}

@@ -27,7 +27,20 @@ type JobRun struct {
 	Started  time.Time // on the store's clock (the database's)
 	Ended    time.Time // on the store's clock
 	Outcome  Outcome
-	Err      string // the error's text (a panic's value), at most 1000 characters; "" when none
+	Err      string    // the error's text (a panic's value), at most 1000 characters; "" when none
+	Slot     time.Time // the slot it stood for (Cron, Every); zero without
+	Attempt  int       // the slot's attempt, 1 for the first (AtLeastOnce); 0 without a slot
+}
+
+// JobSlots counts the slots of a job with a schedule that the store keeps (see Prune).
+type JobSlots struct {
+	Last    time.Time // the latest slot claimed, or recorded missed
+	OK      int64     // slots that ended in success
+	Failed  int64     // slots that ended without, no attempt left
+	Running int64     // slots whose attempt runs now
+	Lost    int64     // slots whose holder died, no attempt left
+	Pending int64     // slots that wait for another attempt (AtLeastOnce)
+	Retried int64     // attempts after the first, all slots together
 }
 
 // JobSkips counts the ticks of a job that one instance skipped for one reason.
@@ -44,6 +57,7 @@ type JobStatus struct {
 	LastRun     *JobRun    // nil when it never ran (within the retention)
 	LastFailure *JobRun    // the last run whose Outcome is not OutcomeOK; nil when none
 	Skips       []JobSkips // by instance, then reason
+	Slots       *JobSlots  // nil for a job without slots (Cron, Every)
 	// Registrations are the instances that registered the job, by instance, so a job is
 	// listed before its first run; empty for a job only the history knows.
 	Registrations []Registration

@@ -28,6 +28,7 @@ const (
 type runRecord struct {
 	job, instance, owner string
 	token                int64
+	slot                 slotRun // zero for a job without a schedule
 	ended                time.Time
 	duration             time.Duration
 	outcome              Outcome
@@ -42,16 +43,18 @@ type skipCount struct {
 	last   time.Time // real clock, as runRecord.ended
 }
 
-// jobRan reports a run of job under l that started at start (real clock) and ended
-// now with outcome and err: an EventJobRan, and a record for the history.
-func (c *Client) jobRan(job string, l *Lock, start time.Time, outcome Outcome, err string) {
+// jobRan reports a run of job under l, of slot (zero without a schedule), that started
+// at start (real clock) and ended now with outcome and err: an EventJobRan, and a
+// record for the history.
+func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outcome Outcome, err string) {
 	end := time.Now()
-	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now()}
+	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(),
+		Slot: slot.slot, Attempt: slot.attempt}
 	if l != nil {
 		ev.Owner, ev.Token = l.entry.Owner, l.token
 	}
 	c.events.emit(ev)
-	c.history.record(runRecord{job: job, instance: c.instance, owner: ev.Owner, token: ev.Token,
+	c.history.record(runRecord{job: job, instance: c.instance, owner: ev.Owner, token: ev.Token, slot: slot,
 		ended: end, duration: ev.Duration, outcome: outcome, err: runErrText(err)})
 }
 
@@ -125,8 +128,8 @@ func (h *history) record(r runRecord) {
 	h.signal()
 }
 
-// skip counts a skipped tick of job.
-func (h *history) skip(job string, reason Reason) {
+// skip counts n skipped ticks (or slots) of job.
+func (h *history) skip(job string, reason Reason, n int) {
 	if h == nil {
 		return
 	}
@@ -142,7 +145,7 @@ func (h *history) skip(job string, reason Reason) {
 		s = &skipCount{job: job, reason: reason}
 		h.skips[k] = s
 	}
-	s.count++
+	s.count += int64(n)
 	s.last = now
 	h.signal()
 }

@@ -283,13 +283,19 @@ func (h hostility) text(name string) string {
 	case name == "kind":
 		return h.pick("job", "election", "", "lock")
 	case name == "outcome":
-		return h.pick("ok", "error", "panicked", "lost", "", "won")
+		return h.pick("ok", "error", "panicked", "lost", "", "won", "skipped", "missed")
 	}
 	return h.pick("", "x", strings.Repeat("y", 2000), "\x1f", "ok")
 }
 
 func (h hostility) number(name string) string {
 	switch {
+	case name == "slot_ms" || name == "next_ms": // slots of the epoch, of now, of the year 9999 and past it
+		now := time.Now().UnixMilli()
+		return h.pick("0", "1000", "-1", strconv.FormatInt(now-now%1000, 10), strconv.FormatInt(now-now%1000+1000, 10),
+			strconv.FormatInt(now-60000, 10), "253402300799999", "253402300800000", "9223372036854775807")
+	case name == "attempts":
+		return h.pick("1", "2", "3", "100", "0", "101", "-1")
 	case strings.HasSuffix(name, "_ms"):
 		return h.pick("1", "1000", "60000", "3000", "0", "-1", "31536000000", "31536000001", "9223372036855", "9223372036854775807")
 	case name == "ticket":

@@ -22,16 +22,20 @@ type Job struct {
 	lease   *lease     // nil without OnOneInstance
 	runLock bool       // WithoutOverlapping
 	limit   *Semaphore // AtMost's; nil without it
+	slots   *slotted   // nil without Cron or Every
 	runs    runs
 }
 
-// Job returns a Job that runs fn under key, at most MaxKeyLength-6 characters, with
-// OnOneInstance, WithoutOverlapping or both, or AtMost alone, and the client's ttl unless
-// TTL sets it. Inside fn, FromContext(ctx) returns the run lock (with OnOneInstance alone
-// the lease, with AtMost the permit), and ctx is cancelled, its cause a *LockLostError,
+// Job returns a Job that runs fn under key, at most MaxKeyLength-6 characters
+// (MaxKeyLength-21 with a schedule), with a schedule (Cron or Every: each slot runs
+// once), OnOneInstance, WithoutOverlapping or both, or AtMost alone, or a schedule with
+// any of them, and the client's ttl unless TTL sets it. Inside fn, FromContext(ctx)
+// returns the run lock (with a schedule the slot's lock, with OnOneInstance alone the
+// lease, with AtMost the permit), and ctx is cancelled, its cause a *LockLostError,
 // when that lock or the lease is lost. Errors match ErrInvalidKey, ErrInvalidArgument
-// (nil fn, no option, a bad option, a key already registered) or ErrClosed, and nothing
-// is registered then. See the package doc, # Jobs.
+// (nil fn, no option, a bad option, a key already registered), ErrClosed, or wrap
+// errors.ErrUnsupported (a schedule on the memory store); nothing is registered then.
+// See the package doc, # Jobs.
 func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...JobOption) (*Job, error) {
 	if err := checkJobKey(key); err != nil {
 		return nil, err
@@ -46,8 +50,11 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	switch {
 	case cfg.atMost > 0 && (cfg.oneInstance || cfg.withoutOverlapping):
 		return nil, invalidArg("Job %q: AtMost goes alone: not with OnOneInstance (runs on one instance) nor WithoutOverlapping (AtMost(1) is one run at a time)", key)
-	case cfg.atMost == 0 && !cfg.oneInstance && !cfg.withoutOverlapping:
-		return nil, invalidArg("Job %q: want OnOneInstance, WithoutOverlapping or both, or AtMost", key)
+	case cfg.atMost == 0 && !cfg.oneInstance && !cfg.withoutOverlapping && cfg.schedule == nil:
+		return nil, invalidArg("Job %q: want a schedule (Cron or Every), OnOneInstance, WithoutOverlapping or both, or AtMost", key)
+	}
+	if err := checkSlotted(c, key, cfg); err != nil {
+		return nil, err
 	}
 	var limit *Semaphore
 	if cfg.atMost > 0 {
@@ -63,8 +70,15 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, limit: limit, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
+		j.lease.slotted = cfg.schedule != nil
 	}
-	c.onClose(func(ctx context.Context) error { return shutdown(ctx, &j.runs, j.lease) })
+	j.slots = newSlotted(j, cfg)
+	c.onClose(func(ctx context.Context) error {
+		if j.slots != nil {
+			j.slots.close()
+		}
+		return shutdown(ctx, &j.runs, j.lease)
+	})
 	return j, nil
 }
 
@@ -72,62 +86,90 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 func (j *Job) Key() string { return j.key }
 
 // Run runs one tick of the job through its locks, as Task does for gocron; a test or an
-// admin path may call it. ctx bounds the store calls and is the parent of fn's ctx. A
-// skipped tick returns nil. It returns fn's error, a *LockLostError when fn returned nil
-// but a lock was lost during the run, ErrClosed once Close has begun, or a store error
-// when the tick could not tell whether to run.
+// admin path may call it. With a schedule it claims the slot the database's clock
+// names (and CatchUp's missed slots) and runs those it claimed. ctx bounds the store
+// calls and is the parent of fn's ctx. A skipped tick returns nil. It returns fn's
+// error, a *LockLostError when fn returned nil but a lock was lost during the run,
+// ErrClosed once Close has begun, or a store error when the tick could not tell whether
+// to run.
 func (j *Job) Run(ctx context.Context) error {
 	if err := j.runs.start(); err != nil {
 		return err
 	}
 	defer j.runs.end()
-	if j.lease != nil {
-		l, err := j.lease.hold(ctx)
-		if errors.Is(err, ErrNotAcquired) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		var stop func()
-		ctx, stop = withLockContext(ctx, l)
-		defer stop()
+	ctx, stop, err := j.underLease(ctx)
+	if err != nil || ctx == nil {
+		return err
 	}
+	defer stop()
+	if j.slots != nil {
+		return j.slots.tick(ctx)
+	}
+	_, reason, err := j.gated(ctx, func(ctx context.Context) error {
+		l, _ := FromContext(ctx)
+		_, err := j.run(ctx, l)
+		return err
+	})
+	if reason != "" {
+		j.c.skipped(j.key, reason)
+	}
+	return err
+}
+
+// underLease holds the job's lease for a tick, if it has one, and returns ctx under it
+// (FromContext gives the lease) and the stop of that ctx; a nil ctx, with a nil error,
+// when the tick is skipped (hold logged and emitted why).
+func (j *Job) underLease(ctx context.Context) (_ context.Context, stop func(), _ error) {
+	if j.lease == nil {
+		return ctx, func() {}, nil
+	}
+	l, err := j.lease.hold(ctx)
+	if errors.Is(err, ErrNotAcquired) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, stop = withLockContext(ctx, l)
+	return ctx, stop, nil
+}
+
+// gated calls run through the job's run lock (WithoutOverlapping) or a permit of
+// AtMost's semaphore, or as a section of its own without either: started false, with
+// the reason, when the tick is skipped because a run holds them.
+func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped Reason, err error) {
 	if !j.runLock && j.limit == nil {
 		ctx, s, err := j.c.enter(ctx)
 		if err != nil {
-			return err
+			return false, "", err
 		}
 		defer j.c.leave(s)
-		l, _ := FromContext(ctx)
-		return j.run(ctx, l)
+		return true, "", run(ctx)
 	}
-	// A run under the run lock, or a permit of AtMost's semaphore; none left: a skip.
 	with, full := func(ctx context.Context, fn func(context.Context) error, opts ...AcquireOption) error {
 		return j.c.WithLock(ctx, j.key, fn, opts...)
 	}, ReasonRunInProgress
 	if j.limit != nil {
 		with, full = j.limit.WithPermit, ReasonLimitReached
 	}
-	started := false
-	err := with(ctx, func(ctx context.Context) error {
+	err = with(ctx, func(ctx context.Context) error {
 		started = true
-		l, _ := FromContext(ctx)
-		return j.run(ctx, l)
+		return run(ctx)
 	}, TTL(j.ttl), Wait(0))
 	if !started && errors.Is(err, ErrNotAcquired) {
-		j.c.skipped(j.key, full)
-		return nil
+		return false, full, nil
 	}
-	return err
+	return started, "", err
 }
 
-// run calls fn under l: the run lock, or the lease without WithoutOverlapping, and
-// reports the run (EventJobRan, the run history), a panic included before it goes on.
-func (j *Job) run(ctx context.Context, l *Lock) (err error) {
+// run calls fn under l: the slot's lock, the run lock, or the lease without
+// WithoutOverlapping, and reports the run (EventJobRan, the run history), a panic
+// included before it goes on. It returns the run's outcome and error.
+func (j *Job) run(ctx context.Context, l *Lock) (outcome Outcome, err error) {
 	if j.lease != nil {
 		j.lease.ran()
 	}
+	slot, _ := ctx.Value(slotContextKey{}).(slotRun)
 	start := time.Now()
 	returned := false
 	defer func() {
@@ -135,7 +177,7 @@ func (j *Job) run(ctx context.Context, l *Lock) (err error) {
 			return
 		}
 		if r := recover(); r != nil {
-			j.c.jobRan(j.key, l, start, OutcomePanicked, fmt.Sprint(r))
+			j.c.jobRan(j.key, l, slot, start, OutcomePanicked, fmt.Sprint(r))
 			panic(r)
 		}
 	}()
@@ -152,8 +194,8 @@ func (j *Job) run(ctx context.Context, l *Lock) (err error) {
 	} else if err != nil {
 		outcome, text = OutcomeError, err.Error()
 	}
-	j.c.jobRan(j.key, l, start, outcome, text)
-	return err
+	j.c.jobRan(j.key, l, slot, start, outcome, text)
+	return outcome, err
 }
 
 // lostCause returns ctx's cause when it is a lost lock (a *LockLostError), else nil:
@@ -183,11 +225,24 @@ var skippedMessages = map[Reason]string{
 	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
 	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
 	ReasonLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
+	ReasonSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
+	ReasonSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).
 func (c *Client) skipped(job string, reason Reason) {
-	c.logger.Debug(skippedMessages[reason], slog.String("key", job), slog.String("reason", string(reason)))
-	c.emit(EventJobSkipped, job, nil, reason, nil)
-	c.history.skip(job, reason)
+	c.skippedSlot(job, reason, time.Time{}, 1)
+}
+
+// skippedSlot reports n skipped ticks or slots of job, the last of them slot (zero
+// for a job without a schedule).
+func (c *Client) skippedSlot(job string, reason Reason, slot time.Time, n int) {
+	attrs := []any{slog.String("key", job), slog.String("reason", string(reason))}
+	if !slot.IsZero() {
+		attrs = append(attrs, slog.Time("slot", slot), slog.Int("slots", n))
+	}
+	c.logger.Debug(skippedMessages[reason], attrs...)
+	c.health.count(EventJobSkipped)
+	c.events.emit(Event{Type: EventJobSkipped, Key: job, Reason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
+	c.history.skip(job, reason, n)
 }

@@ -606,12 +606,7 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 	store := pglock.NewPostgresStore(pool)
 	fn := func(context.Context) error { return nil }
 	longest := strings.Repeat("é", pglock.MaxKeyLength-len(":owner"))
-	cases := []struct {
-		name string
-		key  string // registered by the bad call if it had gone through; "" when none
-		call func(t *testing.T, c *pglock.Client) error
-		want error
-	}{
+	cases := []badInput{
 		{"JobEmptyKey", "", func(t *testing.T, c *pglock.Client) error {
 			_, err := c.Job("", fn, pglock.OnOneInstance())
 			return err
@@ -693,18 +688,10 @@ func TestJobBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
 			return err
 		}, pglock.ErrInvalidKey},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newClient(t, store, quiet)
-			err := tc.call(t, c)
-			require.ErrorIs(t, err, tc.want)
-			require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
-			if tc.key != "" { // the key is still free
-				_, err := c.Job(tc.key, fn, pglock.OnOneInstance())
-				require.NoError(t, err)
-			}
-		})
-	}
+	requireBadInputRefused(t, store, cases, func(c *pglock.Client, key string) error {
+		_, err := c.Job(key, fn, pglock.OnOneInstance())
+		return err
+	})
 	// The longest key whose lease key fits is fine.
 	_, err := newClient(t, store, quiet).Job(longest, fn, pglock.OnOneInstance())
 	require.NoError(t, err)

@@ -19,6 +19,9 @@ type lease struct {
 	key    string // the lease's own key
 	ttl    time.Duration
 	taking chan struct{} // one hold at a time: concurrent ticks wait for a take, not lose to it
+	// slotted: the job's slots vouch that a tick runs once, not the lease, which only
+	// says which instance claims them: hold skips the rules below.
+	slotted bool
 
 	mu    sync.Mutex
 	lock  *Lock     // nil until taken; not Held once lost
@@ -41,15 +44,17 @@ func newLease(c *Client, job, key string, ttl time.Duration) *lease {
 // began (the wait for a concurrent hold and for a pool connection included), so it
 // cannot find free a lease that a paused owner kept past the tick and ran it under.
 // Either rule broken, the tick is skipped (ReasonLeaseInDoubt), and a grant that came
-// too late is handed back.
+// too late is handed back. The lease of a job with slots keeps neither rule.
 func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	if s.c.isClosed() {
 		return nil, ErrClosed
 	}
 	bound, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	t := s.c.clock.AfterFunc(s.ttl/3, func() { cancel(errTakeLate) })
-	defer t.Stop()
+	if !s.slotted {
+		t := s.c.clock.AfterFunc(s.ttl/3, func() { cancel(errTakeLate) })
+		defer t.Stop()
+	}
 	select {
 	case s.taking <- struct{}{}:
 	default: // wait, unless ctx ends first; a held lease needs no live ctx
@@ -64,7 +69,7 @@ func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	l := s.lock
 	s.mu.Unlock()
 	if l != nil && l.Held() {
-		if !l.fresh() {
+		if !s.slotted && !l.fresh() {
 			return nil, s.doubt("its renewal is overdue")
 		}
 		return l, nil

@@ -65,6 +65,12 @@ func (l *Lock) fresh() bool { return l.ctx.Err() == nil && l.c.renewer.Fresh(&l.
 // release can bring the lock back until its expiry: write nothing fenced with its token
 // after Release (see the package doc, # Renewals and releases).
 func (l *Lock) Release(ctx context.Context) error {
+	return l.releaseVia(ctx, l.c.releaseDetached)
+}
+
+// releaseVia is Release, its store call made by release: the client's own
+// (releaseDetached), or one that records more in the same statement (a slot's end).
+func (l *Lock) releaseVia(ctx context.Context, release func(ctx context.Context, key, owner string) (released, unsure bool, err error)) error {
 	l.mu.Lock()
 	if l.ending != nil {
 		ending := l.ending
@@ -89,7 +95,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.cancel(err)
 	} else {
 		l.cancel(context.Canceled)
-		ok, unsure, serr := c.releaseDetached(ctx, l.entry.Key, l.entry.Owner)
+		ok, unsure, serr := release(ctx, l.entry.Key, l.entry.Owner)
 		switch {
 		case serr != nil:
 			err = serr

@@ -42,7 +42,7 @@ type ClientOption interface{ clientOption() option }
 type AcquireOption interface{ acquireOption() option }
 
 // JobOption configures Client.Job. The JobOptions are OnOneInstance, WithoutOverlapping,
-// AtMost and TTL.
+// AtMost, TTL, and for slots Cron, Every, CatchUp, Deadline and AtLeastOnce.
 type JobOption interface{ jobOption() option }
 
 // Option is an option that every call takes: a ClientOption, an AcquireOption and a
@@ -94,6 +94,11 @@ type settings struct {
 	withoutOverlapping bool
 	atMost             int           // AtMost's; 0: none
 	runRetention       time.Duration // RunHistory's; 0: off
+	schedule           *schedule     // Cron's or Every's; nil: none
+	catchUp            int           // CatchUp's; 0: none
+	deadline           time.Duration // Deadline's; 0: none
+	attempts           int           // AtLeastOnce's; 0: at most once
+	backoff            time.Duration // AtLeastOnce's
 }
 
 // applyOptions applies opts, given to the call callName, over s; get is the method of
@@ -223,8 +228,9 @@ func listenOn(cfg *pgx.ConnConfig) ClientOption {
 
 // OnOneInstance runs the job on one instance: the first whose tick comes takes the job's
 // lease, "<key>:owner", and keeps it while its Client is up; the other instances skip
-// each tick until the lease is handed back or expires. A tick the lease cannot vouch for
-// is skipped (ReasonLeaseInDoubt): keep the ttl well above the clocks' skew and the
+// each tick until the lease is handed back or expires. With a schedule (Cron, Every) the
+// slots vouch that each runs once; without one, a tick the lease cannot vouch for is
+// skipped (ReasonLeaseInDoubt): keep the ttl well above the clocks' skew and the
 // scheduler's jitter. See the package doc, # Jobs.
 func OnOneInstance() JobOption {
 	return jobOpt{name: "OnOneInstance", apply: func(s *settings) error {

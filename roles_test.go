@@ -355,6 +355,7 @@ var internalHelpers = []string{
 	"pglock.lock_release_slow(text,text)",
 	"pglock.sem_release_permits(text,text[],text[])",
 	"pglock.lock_refuse(text,text,text,text)",
+	"pglock.job_slot_due(text)",
 }
 
 // inlinedHelpers are the helpers the planner inlines into their callers' expressions
@@ -367,6 +368,7 @@ var inlinedHelpers = []string{
 	"pglock.sem_key_ok(text)",
 	"pglock.fencing_timeline()",
 	"pglock.lock_ttl_ok(bigint)",
+	"pglock.job_slot_key(text,bigint)",
 }
 
 // TestEveryFunctionRunsAsItsOwnerWithItsSearchPathPinned: every function of the schema,

@@ -170,6 +170,70 @@ func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
 		call{"registry_touch of a key with U+001F", registry, []any{[]string{"j\x1f1"}, "i"}},
 		call{"registry_touch of a null key", registry, []any{[]*string{nil}, "i"}},
 	)
+	// Since 000030: the slots' functions check every argument too.
+	claim := "SELECT * FROM pglock.job_slot_claim($1, $2, $3, $4, $5, $6, $7)"
+	slotKeyTooLong := strings.Repeat("j", pglock.MaxKeyLength-len(":slot:")-12)
+	for name, args := range map[string][]any{
+		"an empty job":                      {"", 1000, nil, "o", 1000, 1, 0},
+		"a job too long":                    {long, 1000, nil, "o", 1000, 1, 0},
+		"a job with U+001F":                 {"j\x1f1", 1000, nil, "o", 1000, 1, 0},
+		"a job too long for its slot's key": {slotKeyTooLong, 1000000000000, nil, "o", 1000, 1, 0},
+		"a null job":                        {nil, 1000, nil, "o", 1000, 1, 0},
+		"a negative slot":                   {"j", -1, nil, "o", 1000, 1, 0},
+		"a slot past the year 9999":         {"j", int64(253402300800000), nil, "o", 1000, 1, 0},
+		"a null slot":                       {"j", nil, nil, "o", 1000, 1, 0},
+		"a next slot before the slot":       {"j", 2000, 1000, "o", 1000, 1, 0},
+		"a next slot equal to the slot":     {"j", 2000, 2000, "o", 1000, 1, 0},
+		"a next slot past the year 9999":    {"j", 2000, int64(253402300800000), "o", 1000, 1, 0},
+		"an empty owner":                    {"j", 1000, nil, "", 1000, 1, 0},
+		"an owner too long":                 {"j", 1000, nil, longOwner, 1000, 1, 0},
+		"a ttl of 0":                        {"j", 1000, nil, "o", 0, 1, 0},
+		"a ttl over a year":                 {"j", 1000, nil, "o", maxTTL + 1, 1, 0},
+		"0 attempts":                        {"j", 1000, nil, "o", 1000, 0, 0},
+		"101 attempts":                      {"j", 1000, nil, "o", 1000, 101, 0},
+		"null attempts":                     {"j", 1000, nil, "o", 1000, nil, 0},
+		"a negative deadline":               {"j", 1000, nil, "o", 1000, 1, -1},
+		"a deadline over a year":            {"j", 1000, nil, "o", 1000, 1, maxTTL + 1},
+		"a null deadline":                   {"j", 1000, nil, "o", 1000, 1, nil},
+	} {
+		calls = append(calls, call{"job_slot_claim with " + name, claim, args})
+	}
+	end := "SELECT pglock.job_slot_end($1, $2, $3, $4, $5, $6)"
+	for name, args := range map[string][]any{
+		"an empty job":                      {"", 1000, "o", 1, "ok", 0},
+		"a job with U+001F":                 {"j\x1f1", 1000, "o", 1, "ok", 0},
+		"a job too long for its slot's key": {slotKeyTooLong, 1000000000000, "o", 1, "ok", 0},
+		"a negative slot":                   {"j", -1, "o", 1, "ok", 0},
+		"an owner too long":                 {"j", 1000, longOwner, 1, "ok", 0},
+		"token 0":                           {"j", 1000, "o", 0, "ok", 0},
+		"an outcome of none":                {"j", 1000, "o", 1, "none", 0},
+		"an outcome of missed":              {"j", 1000, "o", 1, "missed", 0},
+		"a null outcome":                    {"j", 1000, "o", 1, nil, 0},
+		"a negative backoff":                {"j", 1000, "o", 1, "ok", -1},
+		"a backoff over a day":              {"j", 1000, "o", 1, "ok", 86400001},
+	} {
+		calls = append(calls, call{"job_slot_end with " + name, end, args})
+	}
+	retry := "SELECT * FROM pglock.job_slot_retry($1, $2, $3)"
+	calls = append(calls,
+		call{"job_slot_retry of an empty job", retry, []any{"", "o", 1000}},
+		call{"job_slot_retry of a job with U+001F", retry, []any{"j\x1f1", "o", 1000}},
+		call{"job_slot_retry with an owner too long", retry, []any{"j", longOwner, 1000}},
+		call{"job_slot_retry with a ttl of 0", retry, []any{"j", "o", 0}},
+		call{"job_slot_prune with a negative age", "SELECT pglock.job_slot_prune(-1, 1000)", nil},
+		call{"job_slot_prune of 0 rows", "SELECT pglock.job_slot_prune(0, 0)", nil},
+	)
+	record := "SELECT pglock.job_run_record('j', 'i', 'o', 1, 0, 0, 'ok', NULL, 60000, $1, $2)"
+	for name, args := range map[string][]any{
+		"a slot without an attempt": {1000, nil},
+		"an attempt without a slot": {nil, 1},
+		"attempt 0":                 {1000, 0},
+		"attempt 101":               {1000, 101},
+		"a negative slot":           {-1, 1},
+		"a slot past the year 9999": {int64(253402300800000), 1},
+	} {
+		calls = append(calls, call{"job_run_record with " + name, record, args})
+	}
 	for _, c := range calls {
 		_, err := app.Exec(ctx, c.sql, c.args...)
 		var pgErr *pgconn.PgError
@@ -183,6 +247,9 @@ func TestSQLFunctionsRefuseWhatTheGoAPIRefuses(t *testing.T) {
 	require.Zero(t, rows, "a refused call wrote a lock")
 	require.Zero(t, runs, "a refused call wrote a run")
 	require.Zero(t, others, "a refused call wrote a skip, a registration, a waiter or a semaphore")
+	var slots int
+	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pglock.job_slots`).Scan(&slots))
+	require.Zero(t, slots, "a refused call wrote a slot")
 }
 
 // TestSQLFunctionsTakeWhatTheGoAPITakes: the limits themselves are allowed: a key of

@@ -25,9 +25,16 @@ func (s *postgresStore) recordRun(ctx context.Context, r runRecord, retention ti
 		errText = r.err
 	}
 	var id int64
-	err := s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
-		string(r.outcome), errText, ttlMillis(retention)).Scan(&id)
+	var err error
+	if r.slot.attempt == 0 {
+		err = s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
+			string(r.outcome), errText, ttlMillis(retention)).Scan(&id)
+	} else {
+		err = s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+			r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
+			string(r.outcome), errText, ttlMillis(retention), slotMillis(r.slot.slot), r.slot.attempt).Scan(&id)
+	}
 	if err != nil {
 		return storeError(err, "record a run of %q", r.job)
 	}
@@ -85,13 +92,19 @@ type runJSON struct {
 	EndedUS     int64   `json:"ended_us"`
 	Outcome     string  `json:"outcome"`
 	Err         *string `json:"error"`
+	SlotMS      *int64  `json:"slot_ms"`
+	Attempt     int     `json:"attempt"`
 }
 
 func (r runJSON) run() JobRun {
 	run := JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
-		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome)}
+		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome),
+		Attempt: r.Attempt}
 	if r.Err != nil {
 		run.Err = *r.Err
+	}
+	if r.SlotMS != nil {
+		run.Slot = time.UnixMilli(*r.SlotMS)
 	}
 	return run
 }
@@ -104,7 +117,8 @@ const runFields = `'job', r.job, 'instance', r.instance, 'owner', r.owner, 'toke
 
 func (s *postgresStore) jobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
 	var out string
-	err := s.queryRow(ctx, `SELECT coalesce(json_agg(json_build_object(`+runFields+`)
+	err := s.queryRow(ctx, `SELECT coalesce(json_agg(json_build_object(`+runFields+`,
+		'slot_ms', round(extract(epoch FROM r.slot) * 1000)::bigint, 'attempt', coalesce(r.attempt, 0))
 		ORDER BY r.ended_at DESC, r.id DESC), '[]')::text FROM pglock.job_run_list($1, $2) r`, job, limit).Scan(&out)
 	if err != nil {
 		return nil, storeError(err, "read the runs of %q", job)
@@ -123,11 +137,16 @@ func (s *postgresStore) jobRuns(ctx context.Context, job string, limit int) ([]J
 func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 	var out string
 	err := s.queryRow(ctx, `SELECT json_build_object(
-		'runs', (SELECT coalesce(json_agg(json_build_object('last_failure', r.last_failure, `+runFields+`)), '[]')
-			FROM pglock.job_last_runs() r),
+		'runs', (SELECT coalesce(json_agg(json_build_object('last_failure', r.last_failure, `+runFields+`,
+			'slot_ms', x.slot_ms, 'attempt', coalesce(x.attempt, 0))), '[]')
+			FROM pglock.job_last_runs() r CROSS JOIN LATERAL pglock.job_run_slot(r.id) x),
 		'skips', (SELECT coalesce(json_agg(json_build_object('job', s.job, 'instance', s.instance,
 			'reason', s.reason, 'count', s.count, 'last_us', round(extract(epoch FROM s.last_at) * 1000000)::bigint)), '[]')
-			FROM pglock.job_skip_list() s))::text`).Scan(&out)
+			FROM pglock.job_skip_list() s),
+		'slots', (SELECT coalesce(json_agg(json_build_object('job', t.job,
+			'last_ms', round(extract(epoch FROM t.last_slot) * 1000)::bigint, 'ok', t.ok, 'failed', t.failed,
+			'running', t.running, 'lost', t.lost, 'pending', t.pending, 'retried', t.retried)), '[]')
+			FROM pglock.job_slot_stats() t))::text`).Scan(&out)
 	if err != nil {
 		return nil, storeError(err, "read the jobs")
 	}
@@ -140,6 +159,16 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 			Count    int64  `json:"count"`
 			LastUS   int64  `json:"last_us"`
 		} `json:"skips"`
+		Slots []struct {
+			Job     string `json:"job"`
+			LastMS  int64  `json:"last_ms"`
+			OK      int64  `json:"ok"`
+			Failed  int64  `json:"failed"`
+			Running int64  `json:"running"`
+			Lost    int64  `json:"lost"`
+			Pending int64  `json:"pending"`
+			Retried int64  `json:"retried"`
+		} `json:"slots"`
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		return nil, fmt.Errorf("pglock: read the jobs: %w", err)
@@ -157,6 +186,10 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 		j := st.of(k.Job)
 		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count,
 			Last: time.UnixMicro(k.LastUS)})
+	}
+	for _, k := range v.Slots {
+		st.of(k.Job).Slots = &JobSlots{Last: time.UnixMilli(k.LastMS), OK: k.OK, Failed: k.Failed, Running: k.Running,
+			Lost: k.Lost, Pending: k.Pending, Retried: k.Retried}
 	}
 	return st.sorted(), nil
 }
@@ -178,7 +211,7 @@ func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.D
 	now := s.clock.Now()
 	ended := now.Add(-max(time.Since(r.ended), 0))
 	run := JobRun{Job: r.job, Instance: r.instance, Owner: r.owner, Token: r.token, Started: ended.Add(-r.duration),
-		Ended: ended, Outcome: r.outcome, Err: r.err}
+		Ended: ended, Outcome: r.outcome, Err: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -16,7 +16,14 @@
 //   - pglock.renewal.failures {call}: renewal calls that failed (a lock is lost only if
 //     they go on failing until its deadline);
 //   - pglock.job.runs {run}, by pglock.job.name and outcome (pglock.Outcome);
-//   - pglock.job.skips {tick}, by pglock.job.name and reason.
+//   - pglock.job.skips {tick}, by pglock.job.name and reason: ticks skipped, and the
+//     slots of a job with a schedule that another tick claimed (slot-claimed) or
+//     nobody ran (slot-missed);
+//   - pglock.job.retries {run}, by pglock.job.name: runs that were a slot's attempt
+//     after the first (pglock.AtLeastOnce).
+//
+// (The slots' skip reasons and retries appear at their first count, so that a job
+// without a schedule has no series for them.)
 //
 // The counters an alert watches exist from the start, at 0: every acquisition outcome,
 // releases, the reasons a lock is lost (expired, refused, release-refused), each of
@@ -115,6 +122,7 @@ type Metrics struct {
 	renewalFailures metric.Int64Counter
 	jobRuns         metric.Int64Counter
 	jobSkips        metric.Int64Counter
+	jobRetries      metric.Int64Counter
 	acquireDuration metric.Float64Histogram
 	acquireWait     metric.Float64Histogram
 	renewalDuration metric.Float64Histogram
@@ -161,7 +169,8 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	m.lost = counter("pglock.locks.lost", "{lock}", "Locks lost before their release, by reason.")
 	m.renewalFailures = counter("pglock.renewal.failures", "{call}", "Renewal calls that failed.")
 	m.jobRuns = counter("pglock.job.runs", "{run}", "Job runs, by job and outcome.")
-	m.jobSkips = counter("pglock.job.skips", "{tick}", "Job ticks skipped, by job and reason.")
+	m.jobSkips = counter("pglock.job.skips", "{tick}", "Job ticks skipped, or slots missed, by job and reason.")
+	m.jobRetries = counter("pglock.job.retries", "{run}", "Job runs that were a slot's retry, by job.")
 	m.acquireDuration = histogram("pglock.acquire.duration", "Latency of the store call that took a lock.")
 	m.acquireWait = histogram("pglock.acquire.wait", "Time from an acquisition call to the lock or to giving up, by outcome.")
 	m.renewalDuration = histogram("pglock.renewal.duration", "Latency of one renewal call.")
@@ -234,8 +243,12 @@ func (m *Metrics) Handle(ev pglock.Event) {
 		job := attribute.String(jobAttribute, ev.Key)
 		m.jobRuns.Add(ctx, 1, metric.WithAttributes(job, attribute.String("outcome", outcome)))
 		m.jobDuration.Record(ctx, ev.Duration.Seconds(), metric.WithAttributes(job))
+		if ev.Attempt > 1 {
+			m.jobRetries.Add(ctx, 1, metric.WithAttributes(job))
+		}
 	case pglock.EventJobSkipped:
-		m.jobSkips.Add(ctx, 1, metric.WithAttributes(attribute.String(jobAttribute, ev.Key), attribute.String("reason", string(ev.Reason))))
+		m.jobSkips.Add(ctx, int64(max(ev.Count, 1)), metric.WithAttributes(attribute.String(jobAttribute, ev.Key),
+			attribute.String("reason", string(ev.Reason))))
 	}
 }
 

@@ -425,3 +425,29 @@ func TestPglockImportsNoTelemetry(t *testing.T) {
 		require.False(t, strings.HasPrefix(dep, "go.opentelemetry.io/") || strings.HasPrefix(dep, "github.com/prometheus/"), dep)
 	}
 }
+
+// A job's slots show in its skips (claimed by another tick, missed: as many as the
+// event counts) and its retries.
+func TestMetricsCountSlots(t *testing.T) {
+	t.Parallel()
+	m, reader := newMetrics(t)
+	job := "exports:nightly"
+	slot := time.Date(2026, 1, 2, 2, 0, 0, 0, time.UTC)
+	for _, ev := range []pglock.Event{
+		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonSlotClaimed, Slot: slot, Count: 1},
+		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonSlotMissed, Slot: slot, Count: 5},
+		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonOtherInstance}, // Count unset: one tick
+		{Type: pglock.EventJobRan, Key: job, Outcome: pglock.OutcomeError, Slot: slot, Attempt: 1},
+		{Type: pglock.EventJobRan, Key: job, Outcome: pglock.OutcomeOK, Slot: slot, Attempt: 2},
+	} {
+		m.Handle(ev)
+	}
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	got := read(t, rm)
+	name := "pglock.job.name=" + job
+	require.Equal(t, map[string]int64{name + ",reason=other-instance": 1, name + ",reason=slot-claimed": 1,
+		name + ",reason=slot-missed": 5}, got.sums["pglock.job.skips"])
+	require.Equal(t, map[string]int64{name: 1}, got.sums["pglock.job.retries"])
+	require.Equal(t, "{run}", got.units["pglock.job.retries"])
+}

@@ -32,8 +32,13 @@ Outcomes: ok, error, panicked, lost (the lock was lost mid-run). Skip reasons:
 other-instance (another instance owns the job: OnOneInstance), run-in-progress (a
 run still holds the run lock: WithoutOverlapping), limit-reached (AtMost's permits
 are all held), lease-in-doubt (the job's lease was taken or renewed too late to
-vouch that no other instance ran the tick). Times are on the database's
-clock. Clients record runs unless RunHistory(0); runs are kept 7 days by default.`,
+vouch that no other instance ran the tick), slot-claimed (a job with a schedule:
+another tick claimed the slot) and slot-missed (slots no tick ran, counted
+each). A job with a schedule lists each run's slot and attempt, and what its
+slots came to: ok, failed (no attempt left), running, lost (its holder died),
+pending (another attempt to come), retried (attempts after the first). Times are
+on the database's clock. Clients record runs unless RunHistory(0); runs are kept
+7 days by default.`,
 	example: `
 pglock jobs
 pglock jobs -n 5 inventory:stock-reconciliation
@@ -101,7 +106,7 @@ func runJobs(ctx context.Context, e *env, fs *flag.FlagSet, args []string) error
 	}
 	if *asJSON {
 		out := jobRunsJSON{Job: job, Runs: make([]runJSON, len(runs)), Skips: skipsJSON(status.Skips),
-			Registrations: registrationsJSON(status.Registrations)}
+			Registrations: registrationsJSON(status.Registrations), Slots: toSlotsJSON(status.Slots)}
 		for i, r := range runs {
 			out.Runs[i] = toRunJSON(r)
 		}
@@ -182,15 +187,31 @@ func skipSummary(skips []pglock.JobSkips) string {
 
 // printRuns writes one job's runs, its skips and its registrations, in width columns.
 func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.Time, width int) {
-	if len(runs) == 0 {
+	switch {
+	case len(runs) == 0:
 		fmt.Fprintln(w, "no runs recorded (within the retention)")
-	} else {
+	case runs[0].Slot.IsZero():
 		t := newTable(w, width, "STARTED (UTC)", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR").clip(5, 12).clip(1, 12)
 		for _, r := range runs {
 			t.row(stamp(r.Started), text(r.Instance), strconv.FormatInt(r.Token, 10), span(r.Ended.Sub(r.Started)),
 				string(r.Outcome), text(r.Err))
 		}
 		t.flush()
+	default:
+		t := newTable(w, width, "SLOT (UTC)", "ATTEMPT", "STARTED", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR").clip(7, 12).clip(3, 12)
+		for _, r := range runs {
+			slot, attempt := "-", "-"
+			if !r.Slot.IsZero() {
+				slot, attempt = stamp(r.Slot), strconv.Itoa(r.Attempt)
+			}
+			t.row(slot, attempt, relative(r.Started.Sub(now)), text(r.Instance), strconv.FormatInt(r.Token, 10),
+				span(r.Ended.Sub(r.Started)), string(r.Outcome), text(r.Err))
+		}
+		t.flush()
+	}
+	if s := j.Slots; s != nil {
+		fmt.Fprintf(w, "\nslots up to %s: ok %d, failed %d, running %d, lost %d, pending %d, retried %d\n",
+			stamp(s.Last), s.OK, s.Failed, s.Running, s.Lost, s.Pending, s.Retried)
 	}
 	if len(j.Skips) > 0 {
 		fmt.Fprintln(w)
@@ -212,21 +233,47 @@ func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.T
 
 // runJSON is a job run in -json output.
 type runJSON struct {
-	Job             string    `json:"job"`
-	Instance        string    `json:"instance"`
-	Owner           string    `json:"owner"`
-	Token           int64     `json:"token"`
-	Started         time.Time `json:"started"`
-	Ended           time.Time `json:"ended"`
-	DurationSeconds float64   `json:"duration_seconds"`
-	Outcome         string    `json:"outcome"`
-	Error           string    `json:"error,omitempty"`
+	Job             string     `json:"job"`
+	Instance        string     `json:"instance"`
+	Owner           string     `json:"owner"`
+	Token           int64      `json:"token"`
+	Started         time.Time  `json:"started"`
+	Ended           time.Time  `json:"ended"`
+	DurationSeconds float64    `json:"duration_seconds"`
+	Outcome         string     `json:"outcome"`
+	Error           string     `json:"error,omitempty"`
+	Slot            *time.Time `json:"slot,omitempty"`    // a job with a schedule's
+	Attempt         int        `json:"attempt,omitempty"` // with a slot: 1, more for a retry
 }
 
 func toRunJSON(r pglock.JobRun) runJSON {
-	return runJSON{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
+	out := runJSON{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
 		Started: r.Started.UTC(), Ended: r.Ended.UTC(), DurationSeconds: r.Ended.Sub(r.Started).Seconds(),
-		Outcome: string(r.Outcome), Error: r.Err}
+		Outcome: string(r.Outcome), Error: r.Err, Attempt: r.Attempt}
+	if !r.Slot.IsZero() {
+		slot := r.Slot.UTC()
+		out.Slot = &slot
+	}
+	return out
+}
+
+// slotsJSON is what a job's slots came to, in -json output.
+type slotsJSON struct {
+	Last    time.Time `json:"last"`
+	OK      int64     `json:"ok"`
+	Failed  int64     `json:"failed"`
+	Running int64     `json:"running"`
+	Lost    int64     `json:"lost"`
+	Pending int64     `json:"pending"`
+	Retried int64     `json:"retried"`
+}
+
+func toSlotsJSON(s *pglock.JobSlots) *slotsJSON {
+	if s == nil {
+		return nil
+	}
+	return &slotsJSON{Last: s.Last.UTC(), OK: s.OK, Failed: s.Failed, Running: s.Running, Lost: s.Lost,
+		Pending: s.Pending, Retried: s.Retried}
 }
 
 type skipJSON struct {
@@ -266,11 +313,13 @@ type jobJSON struct {
 	LastRun       *runJSON           `json:"last_run"`     // null when none within the retention
 	LastFailure   *runJSON           `json:"last_failure"` // null when none
 	Skips         []skipJSON         `json:"skips"`
-	Registrations []registrationJSON `json:"registrations"` // the instances that registered it
+	Registrations []registrationJSON `json:"registrations"`   // the instances that registered it
+	Slots         *slotsJSON         `json:"slots,omitempty"` // a job with a schedule's
 }
 
 func toJobJSON(j pglock.JobStatus) jobJSON {
-	out := jobJSON{Job: j.Job, Skips: skipsJSON(j.Skips), Registrations: registrationsJSON(j.Registrations)}
+	out := jobJSON{Job: j.Job, Skips: skipsJSON(j.Skips), Registrations: registrationsJSON(j.Registrations),
+		Slots: toSlotsJSON(j.Slots)}
 	if j.LastRun != nil {
 		r := toRunJSON(*j.LastRun)
 		out.LastRun = &r
@@ -288,4 +337,5 @@ type jobRunsJSON struct {
 	Runs          []runJSON          `json:"runs"`
 	Skips         []skipJSON         `json:"skips"`
 	Registrations []registrationJSON `json:"registrations"`
+	Slots         *slotsJSON         `json:"slots,omitempty"`
 }

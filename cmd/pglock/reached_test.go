@@ -199,3 +199,39 @@ func startRegistrant(t *testing.T, url, prefix string) *exec.Cmd {
 	}
 	return cmd
 }
+
+// jobs JOB of a job with a schedule lists each run's slot and attempt, and what its
+// slots came to; -json says the same.
+func TestJobsShowASlottedJobsSlots(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	job := keyPrefix(t) + "count"
+	c := namedClient(t, url, "worker-1")
+	j, err := c.Job(job, func(context.Context) error { return nil }, pglock.Every(time.Hour))
+	require.NoError(t, err)
+	require.NoError(t, j.Run(t.Context()))
+	require.NoError(t, j.Run(t.Context())) // the slot is claimed
+	require.Eventually(t, func() bool {
+		runs, err := c.JobRuns(t.Context(), job, 1)
+		return err == nil && len(runs) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+
+	r := pglockCmd(t, nil, "jobs", "-url", url, job)
+	require.Equal(t, 0, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(afterReached(t, r.stdout, url, "-url")), "\n")
+	require.Regexp(t, `^SLOT \(UTC\)\s+ATTEMPT\s+STARTED\s+ON\s+TOKEN\s+TOOK\s+OUTCOME\s+ERROR$`, lines[0])
+	require.Regexp(t, `^\S+:00:00Z\s+1\s+\S+ ago\s+worker-1\s+\d+\s+\S+s\s+ok\s+-$`, lines[1])
+	require.Equal(t, "", lines[2])
+	require.Regexp(t, `^slots up to \S+:00:00Z: ok 1, failed 0, running 0, lost 0, pending 0, retried 0$`, lines[3])
+	requireFits(t, r.stdout, defaultWidth)
+
+	r = pglockCmd(t, nil, "jobs", "-json", "-url", url, job)
+	require.Equal(t, 0, r.code, r.stderr)
+	var out jobRunsJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	require.Len(t, out.Runs, 1)
+	require.NotNil(t, out.Runs[0].Slot)
+	require.Equal(t, 1, out.Runs[0].Attempt)
+	require.Equal(t, int64(1), out.Slots.OK)
+	require.Equal(t, *out.Runs[0].Slot, out.Slots.Last)
+}

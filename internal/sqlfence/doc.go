@@ -1,6 +1,6 @@
-// Package sqlfence rewrites the text of a single UPDATE or DELETE so that a fence
-// guards it: an assignment appended to an UPDATE's SET list, a condition ANDed to the
-// WHERE. pglock's FenceUpdate and FenceHeld are built on it; which assignment and which
+// Package sqlfence rewrites the text of a single UPDATE, DELETE or INSERT so that a
+// fence guards it: an assignment appended to an UPDATE's SET list, a condition ANDed to
+// the WHERE, an INSERT's rows selected WHERE the condition holds. pglock's FenceUpdate and FenceHeld are built on it; which assignment and which
 // condition they add is theirs to say, and this package knows nothing of tokens or
 // locks.
 //
@@ -21,7 +21,12 @@
 // Only the top level of the statement is parsed: an optional WITH whose queries do not
 // write, the verb, the target table, and the clauses in the order they must come (SET,
 // FROM or USING, WHERE, RETURNING). Several statements, WHERE CURRENT OF and empty
-// clauses are refused.
+// clauses are refused. An INSERT's rows are what follows its table, column list and
+// OVERRIDING, up to a top-level ON CONFLICT or RETURNING: one row of VALUES, or a query,
+// which the rewrite wraps whole, so that no clause of it (a GROUP BY, an aggregate, a
+// UNION) can let a row through. DEFAULT VALUES, a DEFAULT among the values and several
+// rows of VALUES are refused: a SELECT cannot give the first two, and a SELECT of
+// several rows of parameters would leave their types unknown.
 //
 // # Errors
 //

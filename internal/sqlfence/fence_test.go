@@ -299,7 +299,7 @@ func TestFenceRefusalTexts(t *testing.T) {
 	_, _, err = Check("DELETE FROM t", 0, 1, Update)
 	require.EqualError(t, err, "a DELETE, where only UPDATE is fenced")
 	_, _, err = Check("SELECT 1", 0, 2, Update, Delete)
-	require.EqualError(t, err, `not an UPDATE or DELETE statement: "SELECT" where the verb belongs`)
+	require.EqualError(t, err, `not an UPDATE, DELETE or INSERT statement: "SELECT" where the verb belongs`)
 	_, _, err = Check("UPDATE t SET a = $1 WHERE b = $2", 1, 1, Update)
 	require.EqualError(t, err, "the query's highest parameter is $2 but 1 args were given")
 }
@@ -345,4 +345,66 @@ func TestLex(t *testing.T) {
 		}
 		require.Equal(t, []int{0, 0, 1, 1, 2, 1, 0, 0}, depths)
 	})
+}
+
+// TestFenceRewritesInserts: an INSERT's rows become a SELECT of them WHERE the fence
+// holds, whatever comes before and after them.
+func TestFenceRewritesInserts(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, query, want string }{
+		{"a row of VALUES", "INSERT INTO ledger (slot, amount) VALUES ($1, $2)",
+			"INSERT INTO ledger (slot, amount) SELECT $1, $2 WHERE ok($3)"},
+		{"a row of expressions", "INSERT INTO ledger VALUES ($1, now(), (SELECT max(n) + 1 FROM ledger), 'a ) WHERE')",
+			"INSERT INTO ledger SELECT $1, now(), (SELECT max(n) + 1 FROM ledger), 'a ) WHERE' WHERE ok($2)"},
+		{"a schema, an alias, OVERRIDING, ON CONFLICT and RETURNING",
+			"insert into app.ledger as l (id, n) overriding system value values ($1, $2) on conflict (id) do update set n = l.n + excluded.n where l.n < 9 returning id;",
+			"insert into app.ledger as l (id, n) overriding system value SELECT $1, $2 WHERE ok($3) on conflict (id) do update set n = l.n + excluded.n where l.n < 9 returning id;"},
+		{"RETURNING right after the row", "INSERT INTO ledger (n) VALUES ($1)RETURNING id",
+			"INSERT INTO ledger (n) SELECT $1 WHERE ok($2)RETURNING id"},
+		{"a query", "INSERT INTO ledger (id, n) SELECT id, count(*) FROM orders WHERE day = $1 GROUP BY id ON CONFLICT DO NOTHING",
+			"INSERT INTO ledger (id, n) SELECT * FROM (SELECT id, count(*) FROM orders WHERE day = $1 GROUP BY id) AS pglock_fenced WHERE ok($2) ON CONFLICT DO NOTHING"},
+		{"a query that joins", "INSERT INTO ledger SELECT o.id FROM orders o JOIN lines l ON l.order_id = o.id RETURNING *",
+			"INSERT INTO ledger SELECT * FROM (SELECT o.id FROM orders o JOIN lines l ON l.order_id = o.id) AS pglock_fenced WHERE ok($1) RETURNING *"},
+		{"a read-only WITH before it", "WITH d AS (SELECT 1 AS n) INSERT INTO ledger (n) SELECT n FROM d",
+			"WITH d AS (SELECT 1 AS n) INSERT INTO ledger (n) SELECT * FROM (SELECT n FROM d) AS pglock_fenced WHERE ok($1)"},
+		{"a query in brackets", "INSERT INTO ledger (n) (SELECT 1 UNION SELECT 2)",
+			"INSERT INTO ledger (n) SELECT * FROM ((SELECT 1 UNION SELECT 2)) AS pglock_fenced WHERE ok($1)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st, n, err := Check(c.query, params(c.query), 1, Insert)
+			require.NoError(t, err)
+			require.Equal(t, c.want, st.Rewrite("", "ok($"+strconv.Itoa(n)+")"))
+			_, err = parse(st.Rewrite("", "ok($"+strconv.Itoa(n)+")"))
+			require.NoError(t, err, "the rewrite parses again")
+		})
+	}
+}
+
+// TestFenceRefusesInsertsItCannotGuard: what no condition can guard, or the rewriter is
+// not sure of, is refused.
+func TestFenceRefusesInsertsItCannotGuard(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, query string }{
+		{"DEFAULT VALUES", "INSERT INTO ledger DEFAULT VALUES"},
+		{"a DEFAULT among the values", "INSERT INTO ledger (id, n) VALUES (DEFAULT, $1)"},
+		{"several rows", "INSERT INTO ledger (n) VALUES ($1), ($2)"},
+		{"no rows", "INSERT INTO ledger (n) RETURNING id"},
+		{"no INTO", "INSERT ledger VALUES (1)"},
+		{"no table", "INSERT INTO (n) VALUES (1)"},
+		{"a bad OVERRIDING", "INSERT INTO ledger OVERRIDING VALUE VALUES (1)"},
+		{"something else where the rows belong", "INSERT INTO ledger (n) EXECUTE p"},
+		{"a writing WITH", "WITH d AS (DELETE FROM orders RETURNING id) INSERT INTO ledger SELECT id FROM d"},
+		{"two statements", "INSERT INTO ledger VALUES (1); DELETE FROM ledger"},
+		{"a row of VALUES then more", "INSERT INTO ledger VALUES (1) x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st, _, err := Check(c.query, params(c.query), 1, Insert)
+			require.ErrorIs(t, err, ErrUnsafe)
+			require.Nil(t, st)
+		})
+	}
+	_, _, err := Check("INSERT INTO ledger VALUES (1)", 0, 1, Update, Delete)
+	require.EqualError(t, err, "an INSERT, where only UPDATE or DELETE is fenced")
 }

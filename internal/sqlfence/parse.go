@@ -61,8 +61,15 @@ func parse(query string) (*Statement, error) {
 			return nil, err
 		}
 		p.pos-- // clauses starts after a keyword; for a DELETE, after the table
+	case p.keyword(p.pos, "INSERT"):
+		st.verb = Insert
+		if !p.keyword(p.pos+1, "INTO") {
+			return nil, refuse("INSERT without INTO")
+		}
+		p.pos += 2
+		return st, p.insert(st)
 	case p.pos < len(p.top):
-		return nil, refuse("not an UPDATE or DELETE statement: %q where the verb belongs", p.text(p.pos))
+		return nil, refuse("not an UPDATE, DELETE or INSERT statement: %q where the verb belongs", p.text(p.pos))
 	default:
 		return nil, refuse("WITH without a statement")
 	}
@@ -286,4 +293,66 @@ func (p *parser) name(k int) bool {
 // one expression with a FROM outside brackets.
 func (p *parser) distinctFrom(k int) bool {
 	return p.keyword(k-1, "DISTINCT") && p.keyword(k-2, "IS", "NOT")
+}
+
+// insert finds the rows of an INSERT, p.pos at its table: INTO name[.name...] [AS
+// alias] [(columns)] [OVERRIDING {SYSTEM | USER} VALUE], then one row of VALUES or a
+// query, up to a top-level ON CONFLICT or RETURNING. It refuses DEFAULT VALUES, a
+// DEFAULT among the row's values and VALUES of several rows: none can be selected
+// WHERE a condition holds (a SELECT of several rows of parameters would leave their
+// types unknown).
+func (p *parser) insert(st *Statement) error {
+	if !p.name(p.pos) {
+		return refuse("no table name where one belongs")
+	}
+	p.pos++
+	for p.punct(p.pos, '.') && p.name(p.pos+1) {
+		p.pos += 2
+	}
+	if p.keyword(p.pos, "AS") {
+		if !p.name(p.pos + 1) {
+			return refuse("AS without an alias")
+		}
+		p.pos += 2
+	}
+	if p.punct(p.pos, '(') {
+		p.pos += 2
+	}
+	if p.keyword(p.pos, "OVERRIDING") {
+		if !p.keyword(p.pos+1, "SYSTEM", "USER") || !p.keyword(p.pos+2, "VALUE") {
+			return refuse("OVERRIDING without SYSTEM VALUE or USER VALUE")
+		}
+		p.pos += 3
+	}
+	end := len(p.top)
+	for k := p.pos; k < len(p.top); k++ {
+		if p.keyword(k, "RETURNING") || p.keyword(k, "ON") && p.keyword(k+1, "CONFLICT") {
+			end = k
+			break
+		}
+	}
+	switch {
+	case p.pos >= end:
+		return refuse("INSERT without VALUES or a query")
+	case p.keyword(p.pos, "DEFAULT"):
+		return refuse("DEFAULT VALUES, which no condition can guard: give a row of VALUES")
+	case p.keyword(p.pos, "VALUES"):
+		if !p.punct(p.pos+1, '(') || end != p.pos+3 {
+			return refuse("VALUES of more than one row: insert one row a statement, or INSERT ... SELECT")
+		}
+		open, closing := p.top[p.pos+1], p.top[p.pos+2]
+		for i := open + 1; i < closing; i++ {
+			if t := p.tokens[i]; t.kind == kindWord && strings.EqualFold(p.query[t.start:t.end], "DEFAULT") {
+				return refuse("DEFAULT among the VALUES at offset %d, which a SELECT cannot give", t.start)
+			}
+		}
+		st.values = true
+		st.srcStart, st.rowStart, st.rowEnd = p.tok(p.pos).start, p.tokens[open].end, p.tokens[closing].start
+	case p.keyword(p.pos, "SELECT", "WITH", "TABLE") || p.punct(p.pos, '('):
+		st.srcStart = p.tok(p.pos).start
+	default:
+		return refuse("%q where an INSERT's VALUES or query belongs", p.text(p.pos))
+	}
+	st.srcEnd = p.tok(end - 1).end
+	return nil
 }

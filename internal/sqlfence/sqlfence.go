@@ -26,10 +26,11 @@ type Verb string
 const (
 	Update Verb = "UPDATE"
 	Delete Verb = "DELETE"
+	Insert Verb = "INSERT"
 )
 
-// Statement is a query that holds a single UPDATE or DELETE, with the places a fence
-// goes. It is immutable, so safe for concurrent use.
+// Statement is a query that holds a single UPDATE, DELETE or INSERT, with the places a
+// fence goes. It is immutable, so safe for concurrent use.
 type Statement struct {
 	*lexed
 	verb      Verb
@@ -38,6 +39,11 @@ type Statement struct {
 	// condEnd is the offset just past the WHERE condition, or without WHERE just past
 	// the last token before RETURNING or the end of the statement.
 	condEnd int
+	// An INSERT's rows: a row of VALUES (values true: srcStart at VALUES, rowStart and
+	// rowEnd inside its brackets) or a query (srcStart at its first token); srcEnd is
+	// just past them, before ON CONFLICT, RETURNING or the end.
+	values                             bool
+	srcStart, srcEnd, rowStart, rowEnd int
 }
 
 // Check parses query and checks that it is a single statement of one of verbs whose
@@ -57,7 +63,11 @@ func Check(query string, nargs, params int, verbs ...Verb) (*Statement, int, err
 		for i, v := range verbs {
 			names[i] = string(v)
 		}
-		return nil, 0, refuse("a %s, where only %s is fenced", st.verb, strings.Join(names, " or "))
+		article := "a"
+		if st.verb == Insert {
+			article = "an"
+		}
+		return nil, 0, refuse("%s %s, where only %s is fenced", article, st.verb, strings.Join(names, " or "))
 	}
 	if nargs != st.maxParam {
 		return nil, 0, refuseParams("the query's highest parameter is $%d but %d args were given", st.maxParam, nargs)
@@ -71,9 +81,17 @@ func Check(query string, nargs, params int, verbs ...Verb) (*Statement, int, err
 // Rewrite returns the query with set appended to the SET list (unless it is empty;
 // set starts with its comma) and cond ANDed to the WHERE condition, which it wraps in
 // parentheses, or added as the WHERE. cond must be a single operand of AND: put an OR
-// in parentheses.
+// in parentheses. An INSERT's rows become a SELECT of them WHERE cond: its row of
+// VALUES "SELECT <row> WHERE cond", its query "SELECT * FROM (<query>) AS
+// pglock_fenced WHERE cond"; set is not used.
 func (st *Statement) Rewrite(set, cond string) string {
 	q := st.query
+	if st.verb == Insert {
+		if st.values {
+			return joinTokens(q[:st.srcStart], "SELECT ", q[st.rowStart:st.rowEnd], " WHERE ", cond, q[st.srcEnd:])
+		}
+		return joinTokens(q[:st.srcStart], "SELECT * FROM (", q[st.srcStart:st.srcEnd], ") AS pglock_fenced WHERE ", cond, q[st.srcEnd:])
+	}
 	var b strings.Builder
 	b.Grow(len(q) + len(set) + len(cond) + len(" WHERE () AND ") + 1)
 	last := 0
@@ -115,4 +133,20 @@ func refuse(format string, args ...any) error {
 
 func refuseParams(format string, args ...any) error {
 	return &refusal{ErrParams, fmt.Sprintf(format, args...)}
+}
+
+// joinTokens joins parts, with a space between two that would otherwise run into one
+// token ("$3RETURNING").
+func joinTokens(parts ...string) string {
+	var b strings.Builder
+	for _, p := range parts {
+		if p == "" {
+			continue
+		}
+		if s := b.String(); s != "" && isIdentCont(s[len(s)-1]) && isIdentCont(p[0]) {
+			b.WriteByte(' ')
+		}
+		b.WriteString(p)
+	}
+	return b.String()
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // The invariants, numbered as in issue 7, then 7 and 8 of the issue "Keep the lease's
-// promise on every path", then 9 of issue 20 (semaphores); 0 collects problems of the run itself (a worker that exited
+// promise on every path", then 9 of issue 20 (semaphores), then 10 of issue 35 (slots); 0 collects problems of the run itself (a worker that exited
 // on its own, a fault that failed), which fail it too.
 const (
 	invRun       = 0
@@ -25,7 +25,8 @@ const (
 	invRenew     = 7
 	invGhost     = 8
 	invSemaphore = 9
-	invariants   = 10
+	invSlots     = 10
+	invariants   = 11
 )
 
 var invariantNames = [invariants]string{
@@ -39,6 +40,7 @@ var invariantNames = [invariants]string{
 	invRenew:     "a fenced transaction held open past the ttl costs its client no lock (neither its own nor another)",
 	invGhost:     "an acquisition abandoned in flight leaves no ghost: what the database granted is handed back, not left to expire",
 	invSemaphore: "never more than N holders of a semaphore at any instant on the database clock",
+	invSlots:     "no slot of a job with a schedule runs under two claims (at most once); every slot an at-least-once job claimed ends in a success or its attempts spent, each attempt with a greater token",
 }
 
 // maxDetails bounds the violations kept per invariant; all are counted.
@@ -95,6 +97,11 @@ type Stats struct {
 	TicksNowhere            int            // ticks, from the first to the last a worker reached, that no worker ran
 	TicksNowhereInDoubt     int            // ... of those, skipped on a worker as lease-in-doubt (the price of that rule)
 	LeaderTerms             int
+	SlotRuns                int            // runs of the slotted jobs, on the clients (retries included)
+	SlotRetries             int            // at-least-once attempts after a slot's first, on the clients
+	Slots                   map[string]int // slots claimed, by job (pglock.job_slots at the end)
+	SlotsMissed             int            // slots recorded missed
+	SlotsPendingAtEnd       int            // at-least-once slots claimed too near the end for all their attempts
 	Faults                  map[string]int
 	LostSignals             map[string]int // by reason
 	PausedHolders           int            // expired leases whose holder was stopped: no signal owed
@@ -210,7 +217,7 @@ func check(h *History) *Result {
 		byToken: map[keyToken]*lease{}, recs: map[string][]Record{}, ops: map[string][]Record{}}
 	c.r.Stats = Stats{Records: len(h.Records), Workers: len(h.Lives), Tables: map[string]*TableStats{},
 		Faults: map[string]int{}, LostSignals: map[string]int{}, Handover: map[string][]time.Duration{},
-		SectionCancels: map[string]int{}}
+		SectionCancels: map[string]int{}, Slots: map[string]int{}}
 	c.index()
 	c.indexEvidence()
 	c.indexTold()
@@ -225,6 +232,7 @@ func check(h *History) *Result {
 	c.longTxs()
 	c.ghosts()
 	c.semaphores()
+	c.slots()
 	c.handovers()
 	c.failovers()
 	return c.r
@@ -680,8 +688,11 @@ func (c *checker) gaveUp(worker, key string, token int64) (time.Time, bool) {
 }
 
 // watched reports whether the worker records the cancellation of key's locks' Context:
-// every lock it takes itself, not the election's nor the job's.
-func watched(key string) bool { return key != leaderKey && key != jobLeaseKey }
+// every lock it takes itself, not the election's, the job's nor its slots' jobs'.
+func watched(key string) bool {
+	return key != leaderKey && key != jobLeaseKey && !strings.HasPrefix(key, slotOnceKey+":slot:") &&
+		!strings.HasPrefix(key, slotAtLeastKey+":slot:")
+}
 
 // term is one leadership as its leader saw it.
 type term struct {

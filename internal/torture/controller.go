@@ -89,6 +89,9 @@ var mutations = map[string]struct {
 	mutCountThenTake: {"the run installs a pglock.sem_acquire that counts the live holders and, if fewer than N, takes the lowest " +
 		"free permit of 1 to 1000, with no turns on the semaphore's row (and 50 ms between the count and the take, a busy server): " +
 		"two acquisitions that count at once both take a permit", invSemaphore, "", ""},
+	mutSlotReclaim: {"the run installs a pglock.job_slot_claim that claims a slot another tick claimed once its lock is " +
+		"free again (its run ended): a lock per tick, as gocron's lockers take, so that a tick that fires after the slot's " +
+		"run ended runs it again", invSlots, "", ""},
 }
 
 // checkMutation returns an error for a mutation that does not exist.
@@ -365,6 +368,9 @@ func (c *controller) setup(ctx context.Context) error {
 		return err
 	}
 	if err := c.mutateSemaphore(ctx); err != nil {
+		return err
+	}
+	if err := c.mutateSlots(ctx); err != nil {
 		return err
 	}
 	for _, table := range counterTables {
@@ -825,6 +831,9 @@ func (c *controller) collect(ctx context.Context) (*History, error) {
 		for _, kv := range counters {
 			h.Final[table][kv.Key] = kv.Value
 		}
+	}
+	if err := c.collectSlots(ctx, h); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -161,6 +161,9 @@ type History struct {
 	Writes  []WriteRow `json:"-"`
 	Stalls  []Stall    `json:"-"`
 	Waits   []Wait     `json:"-"`
+	// Slots and SlotRuns are pglock.job_slots and torture.slot_runs at the end.
+	Slots    []SlotRow    `json:"-"`
+	SlotRuns []SlotRunRow `json:"-"`
 	// Failovers, in a failover run (Config.Failover): when each primary was killed and
 	// its standby promoted, and what the new primary kept.
 	Failovers []Failover                  `json:"-"`
@@ -220,6 +223,8 @@ const (
 	fileStalls  = "stalls.jsonl" // the controller's
 	fileWaits   = "waits.jsonl"
 	fileFovers  = "failovers.jsonl"
+	fileSlots   = "slots.jsonl"
+	fileSlotRun = "slot_runs.jsonl"
 	historyGlob = "history-*.jsonl"
 )
 
@@ -291,6 +296,8 @@ func saveHistory(dir string, h *History) error {
 		writeJSONLines(filepath.Join(dir, fileStalls), h.Stalls),
 		writeJSONLines(filepath.Join(dir, fileWaits), h.Waits),
 		writeJSONLines(filepath.Join(dir, fileFovers), h.Failovers),
+		writeJSONLines(filepath.Join(dir, fileSlots), h.Slots),
+		writeJSONLines(filepath.Join(dir, fileSlotRun), h.SlotRuns),
 	)
 }
 
@@ -324,6 +331,13 @@ func loadHistory(dir string) (*History, error) {
 		return nil, err
 	}
 	if h.Failovers, err = readJSONLines[Failover](filepath.Join(dir, fileFovers)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	// Runs from before slots have neither file.
+	if h.Slots, err = readJSONLines[SlotRow](filepath.Join(dir, fileSlots)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	if h.SlotRuns, err = readJSONLines[SlotRunRow](filepath.Join(dir, fileSlotRun)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	files, err := filepath.Glob(filepath.Join(dir, historyGlob))

@@ -30,6 +30,7 @@
 //	go run ./internal/torture check -dir /tmp/pglock-torture-123    # check a run's histories again
 //	go run ./internal/torture -duration 1m -restart=false -report '' -mutate old-close   # must fail invariant 2
 //	go run ./internal/torture -duration 30s -restart=false -report '' -faults '' -mutate count-then-take   # must fail invariant 9
+//	go run ./internal/torture -duration 30s -restart=false -report '' -mutate slot-reclaim   # must fail invariant 10
 //	go run ./internal/torture -duration 10m -failover async   # on a primary and a standby of its own, failed over every ~20 s
 //	go run ./internal/torture -duration 1m -failover async -report '' -mutate old-tokens   # must fail invariant 1
 //

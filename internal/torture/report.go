@@ -132,6 +132,9 @@ func summary(r *Result) string {
 	}
 	p("| ticks run by no worker (from the first tick to the last) / of those, skipped as lease-in-doubt on a worker | %d / %d |",
 		st.TicksNowhere, st.TicksNowhereInDoubt)
+	p("| slotted jobs (a slot every %v): runs on the clients / retries / slots claimed, %s / %s / recorded missed / %s slots claimed too near the end for all their attempts | %d / %d / %d / %d / %d / %d |",
+		slotEvery, slotOnceKey, slotAtLeastKey, slotAtLeastKey, st.SlotRuns, st.SlotRetries, st.Slots[slotOnceKey],
+		st.Slots[slotAtLeastKey], st.SlotsMissed, st.SlotsPendingAtEnd)
 	p("| leadership terms | %d |", st.LeaderTerms)
 	p("| history records | %d |", st.Records)
 	p("")
@@ -371,6 +374,14 @@ const method = `## How it works
    fences stop its writes (1 and 2, on the permit's rows). ` + "`-mutate count-then-take`" + ` installs a ` + "`sem_acquire`" + `
    that counts the live holders and takes a free permit of 1 to 1000 with no turns on the semaphore's row: two
    acquisitions that count at once both take one, and invariant 9 fails.
+10. Two jobs with a schedule tick on every worker, on every 250 ms since the epoch: ` + "`slots:once`" + ` (at most once) and
+   ` + "`slots:atleast`" + ` (` + "`AtLeastOnce(3, ttl/10)`" + `, its runs thinking up to half a ttl, one in ten failing). Each run
+   appends a row fenced by its slot's lock (` + "`FenceHeld`" + ` on an ` + "`INSERT`" + `). No slot of ` + "`slots:once`" + ` runs under
+   two claims, on the clients (two tokens among its runs' starts) or in the database (rows of two tokens); a slot's
+   accepted rows come in the order of its attempts' tokens; and every slot ` + "`slots:atleast`" + ` claimed ends in a
+   success or its three attempts spent, unless it was claimed so near the end that its attempts could not all come
+   before the workers stopped (counted). No fault excuses it. ` + "`-mutate slot-reclaim`" + ` installs a ` + "`job_slot_claim`" + `
+   that claims a slot again once its lock is free (a lock per tick), and invariant 10 fails.
 
 Handover is the time a key had no holder: from a release to the next acquisition by a worker already waiting, and
 from a kill to the next acquisition of what the killed worker held (a lock's lease runs out its ttl first).

@@ -72,3 +72,14 @@ CREATE TRIGGER torture_write AFTER UPDATE ON torture.job
     FOR EACH ROW WHEN (NEW.op IS DISTINCT FROM OLD.op) EXECUTE FUNCTION torture.log_write();
 
 INSERT INTO torture.job (key) VALUES ('tick');
+
+-- The rows the slotted jobs' runs appended, each fenced by its slot's lock (FenceHeld on
+-- an INSERT): what the database accepted, whatever the client heard back.
+CREATE TABLE torture.slot_runs (
+    id    bigserial PRIMARY KEY,
+    job   text NOT NULL,
+    slot  timestamptz NOT NULL,
+    token bigint NOT NULL,
+    op    text NOT NULL,
+    at    timestamptz NOT NULL DEFAULT clock_timestamp()
+);

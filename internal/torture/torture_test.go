@@ -332,6 +332,23 @@ func TestCheckerCatchesEachViolation(t *testing.T) {
 			holdPermit(h, "w2.1", 2, 54, 1050, 1080) // two holders of the one permit, none of the other
 			slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 		}},
+		{"SlotRunUnderTwoClaims", invSlots, func(h *History) {
+			for _, token := range []int64{70, 71} {
+				h.Records = append(h.Records, Record{Worker: "w1.1", Type: typeInvoke, F: fSlot, Key: slotOnceKey, Token: token, Wrote: 500, Local: at(500)})
+			}
+		}},
+		{"SlotRowsOfTwoClaims", invSlots, func(h *History) {
+			h.SlotRuns = append(h.SlotRuns, SlotRunRow{ID: 1, Job: slotOnceKey, Slot: at(500), Token: 70},
+				SlotRunRow{ID: 2, Job: slotOnceKey, Slot: at(500), Token: 71})
+		}},
+		{"SlotAttemptRowAfterALaterAttempts", invSlots, func(h *History) {
+			h.SlotRuns = append(h.SlotRuns, SlotRunRow{ID: 1, Job: slotAtLeastKey, Slot: at(500), Token: 71},
+				SlotRunRow{ID: 2, Job: slotAtLeastKey, Slot: at(500), Token: 70})
+		}},
+		{"SlotAtLeastOnceLeftWithAttempts", invSlots, func(h *History) {
+			failed := "error"
+			h.Slots = append(h.Slots, SlotRow{Job: slotAtLeastKey, Slot: at(500), Attempt: 1, Attempts: 3, EndedAt: ptr(at(600)), Outcome: &failed})
+		}},
 		{"WorkerExitsOnItsOwn", invRun, func(h *History) {
 			h.Lives[1].Exit = "exit status 1"
 		}},
@@ -583,6 +600,12 @@ func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
 	// the next holder token 9 (see withFailover).
 	cases[mutOldTokens] = func(h *History) { withFailover(h, failoverAsync, 9) }
 	cases[mutCountThenTake] = thirdPermit
+	// A tick claimed the slot again once its first run had ended: two runs, two tokens.
+	cases[mutSlotReclaim] = func(h *History) {
+		for i, token := range []int64{70, 71} {
+			h.Records = append(h.Records, Record{Worker: "w1.1", Type: typeInvoke, F: fSlot, Key: slotOnceKey, Token: token, Wrote: 500, Local: at(500 + 10*i)})
+		}
+	}
 	require.ElementsMatch(t, slices.Collect(maps.Keys(mutations)), slices.Collect(maps.Keys(cases)), "a case for every mutation")
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -1086,4 +1109,28 @@ func TestCheckerCountsSkippedTicks(t *testing.T) {
 	require.Equal(t, 2, r.Stats.TicksNowhere, "ticks 103 and 104")
 	require.Equal(t, 1, r.Stats.TicksNowhereInDoubt, "tick 103")
 	require.Contains(t, summary(r), "| job ticks skipped on a worker: lease-in-doubt | 1 |")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A slot of the at-least-once job claimed near the run's end, its attempts not all
+// come before the workers stopped, is counted, not a violation; one that ended in a
+// success, or with its attempts spent, is fine wherever it falls.
+func TestCheckerExcusesSlotsClaimedNearTheEnd(t *testing.T) {
+	t.Parallel()
+	h := baseline()
+	failed, ok := "error", "ok"
+	end := h.Lives[0].End
+	for _, l := range h.Lives {
+		if l.End.Before(end) {
+			end = l.End
+		}
+	}
+	h.Slots = append(h.Slots,
+		SlotRow{Job: slotAtLeastKey, Slot: end.Add(-time.Millisecond), Attempt: 1, Attempts: 3, Outcome: &failed},
+		SlotRow{Job: slotAtLeastKey, Slot: at(100), Attempt: 3, Attempts: 3, Outcome: &failed},
+		SlotRow{Job: slotAtLeastKey, Slot: at(200), Attempt: 2, Attempts: 3, Outcome: &ok})
+	r := check(h)
+	require.Zero(t, r.Violations[invSlots], "%v", r.Details[invSlots])
+	require.Equal(t, 1, r.Stats.SlotsPendingAtEnd)
 }

@@ -112,6 +112,9 @@ type worker struct {
 	// ran is the tick the job last ran, set by tickRun on the ticks goroutine (Run calls
 	// the job on its caller's goroutine).
 	ran int64
+	// slotMu guards the at-least-once slot job's rng: its retries run on goroutines of
+	// the client's.
+	slotMu sync.Mutex
 }
 
 // runWorker runs a worker until SIGTERM or SIGINT, then shuts its client down cleanly.
@@ -202,8 +205,13 @@ func (w *worker) run(ctx context.Context) error {
 	if w.sem, err = w.client.Semaphore(semKey, w.cfg.permits); err != nil {
 		return errors.Join(err, w.close(ctx))
 	}
+	once, atLeast, err := w.slotJobs()
+	if err != nil {
+		return errors.Join(err, w.close(ctx))
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { w.ticks(ctx, job) })
+	wg.Go(func() { w.slotTicks(ctx, once, atLeast) })
 	wg.Go(func() { w.burner(ctx) })
 	wg.Go(func() { w.lockLoop(ctx) })
 	wg.Go(func() { w.semLoop(ctx) })

@@ -1,0 +1,628 @@
+package pglock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-co-op/gocron/v2"
+	"github.com/robfig/cron/v3"
+)
+
+// Slots: a job that knows its schedule (Cron, Every) claims each scheduled time, its
+// slot, once, on the database clock (see "Slots" in the package doc and
+// migration 000030).
+
+const (
+	// minSlotGap is the shortest time between two slots Every takes: each slot is a
+	// durable row and a lock, claimed by every instance's tick.
+	minSlotGap = 100 * time.Millisecond
+	// maxSlotEarly bounds how far ahead of a slot, on the database clock, a tick may
+	// claim it: half the gap to the next slot, a second at most.
+	maxSlotEarly = time.Second
+	// slotKeySuffix and maxSlotDigits make a slot's lock key: "<job>:slot:<ms>", the
+	// slot in milliseconds since the epoch (15 digits up to the year 9999).
+	slotKeySuffix = ":slot:"
+	maxSlotDigits = 15
+	// maxMissedCounted bounds the slots a tick enumerates between the last claimed
+	// and its own: a longer gap counts as this many.
+	maxMissedCounted = 100000
+	// maxAttempts and maxBackoff bound AtLeastOnce; maxCatchUp, CatchUp; maxDeadline,
+	// Deadline.
+	maxAttempts = 100
+	maxBackoff  = 24 * time.Hour
+	maxCatchUp  = 1000
+	maxDeadline = 365 * 24 * time.Hour
+	// slotWatchMargin is how long after an attempt's lock expires another instance
+	// looks at it.
+	slotWatchMargin = 5 * time.Millisecond
+)
+
+// Cron gives the job a schedule: a cron expression of five fields, or six with seconds
+// first, or a descriptor such as @hourly, in UTC unless it starts with TZ= or CRON_TZ=.
+// Each time it names is a slot, claimed by one instance's tick; register the job with
+// Job.Schedule. Client.Job refuses an expression that does not parse, or @every (see
+// Every), with ErrInvalidArgument. It is a JobOption: Client.Job takes it.
+func Cron(expr string) JobOption {
+	return jobOpt{name: "Cron", apply: func(s *settings) error {
+		if s.schedule != nil {
+			return errors.New("a second schedule: give Cron or Every once")
+		}
+		sc, err := parseCron(expr)
+		if err != nil {
+			return err
+		}
+		s.schedule = sc
+		return nil
+	}}
+}
+
+// Every gives the job a schedule of a slot every d, aligned to the Unix epoch (every 5
+// minutes: at :00, :05...), so that every instance names the same slots. d is 100 ms
+// to 365 days in whole milliseconds; a shorter d is refused (ErrInvalidArgument), not
+// coalesced. It is a JobOption: Client.Job takes it.
+func Every(d time.Duration) JobOption {
+	return jobOpt{name: "Every", apply: func(s *settings) error {
+		if s.schedule != nil {
+			return errors.New("a second schedule: give Cron or Every once")
+		}
+		if d < minSlotGap || d > MaxTTL || d%time.Millisecond != 0 {
+			return fmt.Errorf("%v: want %v to %v in whole milliseconds", d, minSlotGap, MaxTTL)
+		}
+		s.schedule = &schedule{every: d}
+		return nil
+	}}
+}
+
+// CatchUp makes a tick that finds slots nobody claimed since the last claimed one run
+// the latest n of them, oldest first, before its own; the others count as missed
+// (ReasonSlotMissed). CatchUp(1) runs the latest missed slot once. Without it, every
+// missed slot is counted and none run. n is 1 to 1000. It needs Cron or Every.
+func CatchUp(n int) JobOption {
+	return jobOpt{name: "CatchUp", apply: func(s *settings) error {
+		if n < 1 || n > maxCatchUp {
+			return fmt.Errorf("%d slots: want 1 to %d", n, maxCatchUp)
+		}
+		s.catchUp = n
+		return nil
+	}}
+}
+
+// Deadline makes a slot that no tick has started within d of its time, on the database
+// clock, count as missed rather than late: it never runs. Without it, a slot may start
+// until the next one comes, and a missed one caught up whenever. d is 1 ms to 365
+// days. It needs Cron or Every.
+func Deadline(d time.Duration) JobOption {
+	return jobOpt{name: "Deadline", apply: func(s *settings) error {
+		if d < time.Millisecond || d > maxDeadline {
+			return fmt.Errorf("%v: want %v to %v", d, time.Millisecond, maxDeadline)
+		}
+		s.deadline = d
+		return nil
+	}}
+}
+
+// AtLeastOnce runs a slot again, up to attempts times in all, when an attempt ends
+// without success: fn returned an error or panicked, a lock was lost, or its holder
+// died (its slot's lock expired). Attempt k+1 waits backoff·2^(k-1) (a day at most)
+// and takes a greater token. attempts is 2 to 100, backoff 0 to 24h. It needs Cron or
+// Every.
+func AtLeastOnce(attempts int, backoff time.Duration) JobOption {
+	return jobOpt{name: "AtLeastOnce", apply: func(s *settings) error {
+		if attempts < 2 || attempts > maxAttempts {
+			return fmt.Errorf("%d attempts: want 2 to %d", attempts, maxAttempts)
+		}
+		if backoff < 0 || backoff > maxBackoff {
+			return fmt.Errorf("backoff %v: want 0 to %v", backoff, maxBackoff)
+		}
+		s.attempts, s.backoff = attempts, backoff
+		return nil
+	}}
+}
+
+// SlotFromContext returns the slot that a job's run stands for, inside the run: the
+// time its schedule names, and true. Elsewhere, and in the run of a job without a
+// schedule, it returns the zero time and false.
+func SlotFromContext(ctx context.Context) (time.Time, bool) {
+	r, ok := ctx.Value(slotContextKey{}).(slotRun)
+	return r.slot, ok
+}
+
+type slotContextKey struct{}
+
+// slotRun is what a run's ctx carries of its slot.
+type slotRun struct {
+	slot    time.Time
+	attempt int
+}
+
+// Schedule registers the job with s on its own schedule (Cron or Every): the job
+// definition, Task, GocronOptions(j.Key()), for Every a start on the next slot, and
+// for CatchUp a run at once, so that slots missed while every instance was down are
+// caught up when the first comes back; opts are appended. Errors: ErrInvalidArgument
+// for a job without a schedule or a nil s, or gocron's error.
+func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job, error) {
+	if j.slots == nil {
+		return nil, invalidArg("Job %q: Schedule: the job has no schedule: give Cron or Every", j.key)
+	}
+	if s == nil {
+		return nil, invalidArg("Job %q: Schedule: nil scheduler", j.key)
+	}
+	sc := j.slots.sched
+	all := GocronOptions(j.key)
+	if sc.cron == nil {
+		start := sc.next(time.Now().Add(10 * time.Millisecond))
+		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
+	}
+	all = append(all, opts...)
+	gj, err := s.NewJob(sc.definition(), j.Task(), all...)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
+	}
+	if j.slots.catchUp > 0 {
+		_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), j.Task(),
+			gocron.WithName(j.key), gocron.WithSingletonMode(gocron.LimitModeReschedule))
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("pglock: Job %q: Schedule its catch-up: %w", j.key, err), s.RemoveJob(gj.ID()))
+		}
+	}
+	return gj, nil
+}
+
+// schedule is a job's schedule: a cron expression, or an interval aligned to the epoch.
+type schedule struct {
+	expr  string        // the cron expression as gocron gets it, its zone first; "" for Every
+	cron  cron.Schedule // nil for Every
+	every time.Duration
+}
+
+// cronParser parses as gocron.CronJob(expr, true) does, so that both name the same times.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+func parseCron(expr string) (*schedule, error) {
+	zoned := strings.TrimSpace(expr)
+	if !strings.HasPrefix(zoned, "TZ=") && !strings.HasPrefix(zoned, "CRON_TZ=") {
+		zoned = "CRON_TZ=UTC " + zoned
+	}
+	if strings.Contains(expr, "@every") {
+		return nil, fmt.Errorf("%q: @every counts from a start of its own, not slots every instance names: use Every", expr)
+	}
+	sc, err := cronParser.Parse(zoned)
+	if err != nil {
+		return nil, fmt.Errorf("%q: %v", expr, err)
+	}
+	if sc.Next(time.Now()).IsZero() {
+		return nil, fmt.Errorf("%q: it names no time to come", expr)
+	}
+	return &schedule{expr: zoned, cron: sc}, nil
+}
+
+// definition is the gocron job definition of the schedule.
+func (s *schedule) definition() gocron.JobDefinition {
+	if s.cron != nil {
+		return gocron.CronJob(s.expr, true)
+	}
+	return gocron.DurationJob(s.every)
+}
+
+// next returns the schedule's first slot after t, or the zero time when none.
+func (s *schedule) next(t time.Time) time.Time {
+	if s.cron != nil {
+		return s.cron.Next(t)
+	}
+	return s.prev(t).Add(s.every)
+}
+
+// prev returns the schedule's last slot at or before t, or the zero time when none.
+func (s *schedule) prev(t time.Time) time.Time {
+	if s.cron == nil {
+		ms, every := t.UnixMilli(), s.every.Milliseconds()
+		return time.UnixMilli(ms - ms%every)
+	}
+	for back := time.Minute; back <= 20*365*24*time.Hour; back *= 2 {
+		x := s.cron.Next(t.Add(-back))
+		if x.IsZero() {
+			return x
+		}
+		if x.After(t) {
+			continue
+		}
+		for {
+			n := s.cron.Next(x)
+			if n.IsZero() || n.After(t) {
+				return x
+			}
+			x = n
+		}
+	}
+	return time.Time{}
+}
+
+// early is how far ahead of slot, whose next slot is next, a tick may claim it.
+func early(slot, next time.Time) time.Duration {
+	return min(next.Sub(slot)/2, maxSlotEarly)
+}
+
+// current returns the slot a tick at now stands for, and the one after it: the last
+// slot at or before now plus its early tolerance. job_slot_claim checks the same on
+// the database clock.
+func (s *schedule) current(now time.Time) (slot, next time.Time) {
+	slot = s.prev(now.Add(maxSlotEarly))
+	for !slot.IsZero() {
+		next = s.next(slot)
+		if !slot.After(now.Add(early(slot, next))) {
+			return slot, next
+		}
+		slot = s.prev(slot.Add(-time.Millisecond))
+	}
+	return time.Time{}, time.Time{}
+}
+
+// between returns the schedule's slots after from and before to, oldest first, at
+// most maxMissedCounted.
+func (s *schedule) between(from, to time.Time) []time.Time {
+	var out []time.Time
+	for t := s.next(from); !t.IsZero() && t.Before(to) && len(out) < maxMissedCounted; t = s.next(t) {
+		out = append(out, t)
+	}
+	return out
+}
+
+// slotKey is the key of the lock of job's slot.
+func slotKey(job string, slot time.Time) string {
+	return job + slotKeySuffix + strconv.FormatInt(slot.UnixMilli(), 10)
+}
+
+// checkSlotJobKey checks that a slotted job's slots' lock keys are keys.
+func checkSlotJobKey(key string) error {
+	if n := utf8.RuneCountInString(key) + len(slotKeySuffix) + maxSlotDigits; n > MaxKeyLength {
+		return fmt.Errorf("%w: its slots' lock keys (the key, %q and up to %d digits) would have %d characters, the most is %d",
+			ErrInvalidKey, slotKeySuffix, maxSlotDigits, n, MaxKeyLength)
+	}
+	return nil
+}
+
+// slotted is the slots' side of a Job with a schedule.
+type slotted struct {
+	j        *Job
+	store    slotStore
+	sched    *schedule
+	catchUp  int
+	deadline time.Duration
+	attempts int // 1: at most once
+	backoff  time.Duration
+	offset   atomic.Int64 // how far the database's clock is ahead of this process's, in ns
+
+	mu     sync.Mutex
+	timer  Timer     // the next look at the job's slots that may be attempted again; nil when none
+	at     time.Time // when it fires, on the client's clock
+	closed bool
+}
+
+// newSlotted returns the slots' side of j, or nil for a job without a schedule.
+func newSlotted(j *Job, cfg settings) *slotted {
+	if cfg.schedule == nil {
+		return nil
+	}
+	return &slotted{j: j, store: j.c.slotStore(), sched: cfg.schedule, catchUp: cfg.catchUp, deadline: cfg.deadline,
+		attempts: max(cfg.attempts, 1), backoff: cfg.backoff}
+}
+
+// checkSlotted checks what a job's slots need: a schedule for the options that need
+// one, a key that leaves room for the slots' lock keys, a store that keeps slots.
+func checkSlotted(c *Client, key string, cfg settings) error {
+	if cfg.schedule == nil {
+		if cfg.catchUp > 0 || cfg.deadline > 0 || cfg.attempts > 0 {
+			return invalidArg("Job %q: CatchUp, Deadline and AtLeastOnce need a schedule: give Cron or Every", key)
+		}
+		return nil
+	}
+	if err := checkSlotJobKey(key); err != nil {
+		return err
+	}
+	if c.slotStore() == nil {
+		return fmt.Errorf("pglock: Job %q: slots (Cron, Every) need a store of New, NewPostgresStore or NewSQLStore, not %T: %w",
+			key, unwatched(c.store), errors.ErrUnsupported)
+	}
+	return nil
+}
+
+// dbNow is this process's guess of the database's clock.
+func (s *slotted) dbNow() time.Time { return time.Now().Add(time.Duration(s.offset.Load())) }
+
+// learn records the database's clock as a reply read it, sent at sent (real clock).
+func (s *slotted) learn(dbNow, sent time.Time) {
+	if !dbNow.IsZero() {
+		mid := sent.Add(time.Since(sent) / 2)
+		s.offset.Store(int64(dbNow.Sub(mid)))
+	}
+}
+
+// tick runs one tick of the job: it claims the slot the database clock names, catches
+// up what CatchUp asks, and runs the slots it claimed. ctx is the run's (the lease's
+// when there is one).
+func (s *slotted) tick(ctx context.Context) error {
+	j := s.j
+	slot, next := s.sched.current(s.dbNow())
+	var r slotClaimReply
+	var l *Lock
+	for try := 0; ; try++ {
+		if slot.IsZero() {
+			return fmt.Errorf("pglock: job %q: its schedule names no slot now", j.key)
+		}
+		var err error
+		sent := time.Now()
+		r, l, err = s.claim(ctx, slot, next)
+		if err != nil {
+			return err
+		}
+		s.learn(r.now, sent)
+		if r.status != claimMoved {
+			break
+		}
+		if try == 1 {
+			return fmt.Errorf("pglock: job %q: the database's clock (%v) and this process's name different slots: %v is not the slot to claim",
+				j.key, r.now.UTC(), slot.UTC())
+		}
+		slot, next = s.sched.current(s.dbNow())
+	}
+	switch r.status {
+	case claimTaken:
+		j.c.skippedSlot(j.key, ReasonSlotClaimed, slot, 1)
+		s.watchDue(r)
+		return nil
+	case claimLate:
+		j.c.skippedSlot(j.key, ReasonSlotMissed, slot, 1)
+	}
+	var catchUp []time.Time
+	if !r.prior.IsZero() {
+		missed := s.sched.between(r.prior, slot)
+		for len(missed) > 0 && len(catchUp) < s.catchUp {
+			m := missed[len(missed)-1]
+			if s.deadline > 0 && r.now.Sub(m) > s.deadline {
+				break
+			}
+			missed, catchUp = missed[:len(missed)-1], append(catchUp, m)
+		}
+		if len(missed) > 0 {
+			j.c.skippedSlot(j.key, ReasonSlotMissed, missed[len(missed)-1], len(missed))
+		}
+	}
+	var errs []error
+	for i := len(catchUp) - 1; i >= 0; i-- {
+		m := catchUp[i]
+		mr, ml, err := s.claim(ctx, m, time.Time{})
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case mr.status == claimClaimed:
+			errs = append(errs, s.run(ctx, m, ml, 1))
+		case mr.status == claimLate:
+			j.c.skippedSlot(j.key, ReasonSlotMissed, m, 1)
+		case mr.status == claimTaken:
+			j.c.skippedSlot(j.key, ReasonSlotClaimed, m, 1)
+		}
+	}
+	if l != nil {
+		errs = append(errs, s.run(ctx, slot, l, 1))
+	}
+	return errors.Join(errs...)
+}
+
+// claim claims slot (next zero: a missed slot) for a new owner, as an acquisition
+// does: on a call detached from ctx, whose grant is handed back if ctx ends first.
+// It returns the store's reply, and the slot's lock when it claimed it.
+func (s *slotted) claim(ctx context.Context, slot, next time.Time) (slotClaimReply, *Lock, error) {
+	j := s.j
+	a := slotClaimArgs{job: j.key, slot: slot, next: next, ttl: j.ttl, attempts: s.attempts, deadline: s.deadline}
+	return s.take(ctx, slot, func(ctx context.Context, owner string) (slotClaimReply, error) {
+		a.owner = owner
+		return s.store.slotClaim(ctx, a)
+	})
+}
+
+// take makes a claim of slot's lock (it took it when the reply's token is positive) as
+// tryFrom makes an acquisition: detached from ctx, its grant handed back when ctx ends
+// first or the reply came too late.
+func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx context.Context, owner string) (slotClaimReply, error)) (slotClaimReply, *Lock, error) {
+	c, key := s.j.c, slotKey(s.j.key, slot)
+	if c.isClosed() {
+		return slotClaimReply{}, nil, ErrClosed
+	}
+	if ctx.Err() != nil {
+		return slotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+	}
+	t, owner := target{key: key}, c.newOwner()
+	start := c.clock.Now()
+	mark := &sendMark{now: c.clock.Now, sent: start}
+	var reply slotClaimReply
+	ar, abandoned := c.acquireCall(ctx, t, owner, s.j.ttl, mark, func(ctx context.Context) acquireReply {
+		r, err := call(ctx, owner)
+		reply = r
+		return acquireReply{token: r.token, ok: err == nil && r.token > 0, err: err}
+	})
+	switch {
+	case abandoned:
+		return reply, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+	case ar.err != nil:
+		if mayHaveReached(ar.err) {
+			c.undoAcquire(key, owner, s.j.ttl)
+		}
+		return reply, nil, ar.err
+	case !ar.ok:
+		return reply, nil, nil
+	}
+	l, err := c.newLock(t, 0, owner, s.j.ttl, ar.token, start, mark.sent)
+	if err != nil {
+		return reply, nil, err
+	}
+	return reply, l, nil
+}
+
+// run runs attempt of slot under its lock l, through the job's other locks, and ends
+// the attempt: the slot's row records how, and l is released in the same statement.
+func (s *slotted) run(ctx context.Context, slot time.Time, l *Lock, attempt int) (err error) {
+	j := s.j
+	ctx = context.WithValue(ctx, slotContextKey{}, slotRun{slot: slot, attempt: attempt})
+	outcome := "lost" // until fn returns: a panic is recorded below
+	defer func() {
+		if r := recover(); r != nil {
+			s.end(l, slot, attempt, "panicked")
+			panic(r)
+		}
+		if eerr := s.end(l, slot, attempt, outcome); err == nil {
+			err = eerr
+		}
+	}()
+	lctx, stop := withLockContext(ctx, l)
+	defer stop()
+	started, reason, err := j.gated(lctx, func(ctx context.Context) error {
+		ctx = context.WithValue(ctx, lockContextKey{}, l)
+		o, err := j.run(ctx, l)
+		outcome = string(o)
+		return err
+	})
+	if !started && reason != "" {
+		outcome = "skipped"
+		j.c.skippedSlot(j.key, reason, slot, 1)
+	}
+	return err
+}
+
+// end ends an attempt of slot under l with outcome, and, when another may follow,
+// looks again when it is due.
+func (s *slotted) end(l *Lock, slot time.Time, attempt int, outcome string) error {
+	j := s.j
+	err := l.releaseVia(context.Background(), func(ctx context.Context, key, owner string) (bool, bool, error) {
+		ctx, cancel := detached(ctx)
+		defer cancel()
+		ok, err := s.store.slotEnd(ctx, j.key, slot, owner, l.token, outcome, s.backoff)
+		return ok, false, err
+	})
+	if outcome != string(OutcomeOK) && attempt < s.attempts {
+		s.watch(min(s.backoff<<(attempt-1), maxBackoff) + slotWatchMargin)
+	}
+	return err
+}
+
+// watch arranges a look, after d, for the job's slots that may be attempted again, for
+// a job at least once; an earlier look already arranged stands.
+func (s *slotted) watch(d time.Duration) {
+	if s.attempts < 2 {
+		return
+	}
+	c := s.j.c
+	at := c.clock.Now().Add(d)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.timer != nil && !at.Before(s.at) {
+		return
+	}
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.at, s.timer = at, c.clock.AfterFunc(max(d, 0)+slotWatchMargin, s.look)
+}
+
+// look is the timer's call: a run of its own, counted as a run of the job, that
+// retries what may be retried now.
+func (s *slotted) look() {
+	s.mu.Lock()
+	s.timer = nil
+	s.mu.Unlock()
+	if err := s.j.runs.start(); err != nil {
+		return
+	}
+	go func() {
+		defer s.j.runs.end()
+		if err := s.retry(context.Background()); err != nil && !errors.Is(err, ErrClosed) {
+			s.j.c.logger.Warn("pglock: job slot not retried", slog.String("key", s.j.key), slog.Any("err", err))
+		}
+	}()
+}
+
+// retry claims and runs, one after the other, the job's slots that may be attempted
+// again now, then arranges the next look.
+func (s *slotted) retry(ctx context.Context) error {
+	j := s.j
+	ctx, stop, err := j.underLease(ctx)
+	if err != nil || ctx == nil {
+		return err
+	}
+	defer stop()
+	for {
+		r, l, err := s.claimRetry(ctx)
+		if err != nil {
+			return err
+		}
+		if l == nil {
+			s.watchDue(r.slotClaimReply)
+			return nil
+		}
+		if err := s.run(ctx, r.slot, l, r.attempt); err != nil {
+			j.c.logger.Debug("pglock: job slot retried", slog.String("key", j.key), slog.Int64("token", l.Token()),
+				slog.Int("attempt", r.attempt), slog.Any("err", err))
+		}
+	}
+}
+
+// retryReply is a retry's claim: the slot and attempt it claimed, if any.
+type retryReply struct {
+	slotClaimReply
+	slot    time.Time
+	attempt int
+}
+
+// claimRetry claims a new attempt of a slot that may be attempted again now, if any.
+// The call is not abandoned when ctx ends: which slot's lock it takes is known only
+// from its reply. A call that failed after it may have reached the server leaves what
+// it took to expire, and the slot to the next retry.
+func (s *slotted) claimRetry(ctx context.Context) (retryReply, *Lock, error) {
+	j := s.j
+	c := j.c
+	if c.isClosed() {
+		return retryReply{}, nil, ErrClosed
+	}
+	owner := c.newOwner()
+	start := c.clock.Now()
+	mark := &sendMark{now: c.clock.Now, sent: start}
+	rctx, cancel := context.WithTimeout(withSendMark(context.WithoutCancel(ctx), mark), storeTimeout)
+	defer cancel()
+	sent := time.Now()
+	rr, err := s.store.slotRetry(rctx, j.key, owner, j.ttl)
+	if err != nil {
+		return retryReply{}, nil, err
+	}
+	s.learn(rr.now, sent)
+	r := retryReply{slotClaimReply: slotClaimReply{now: rr.now, due: rr.due}, slot: rr.slot, attempt: rr.attempt}
+	if !rr.ok {
+		return r, nil, nil
+	}
+	l, err := c.newLock(target{key: slotKey(j.key, rr.slot)}, 0, owner, j.ttl, rr.token, start, mark.sent)
+	return r, l, err
+}
+
+// watchDue arranges a look at the time r says an attempt may next be due, if any.
+func (s *slotted) watchDue(r slotClaimReply) {
+	if !r.due.IsZero() {
+		s.watch(r.due.Sub(r.now))
+	}
+}
+
+// close stops the looks: Close's step, before the job's runs are waited for.
+func (s *slotted) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+}
