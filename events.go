@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // EventType names what happened in an Event.
@@ -29,10 +31,10 @@ const (
 type Outcome string
 
 const (
-	OutcomeOK       Outcome = "ok"       // fn returned nil and no lock was lost
-	OutcomeError    Outcome = "error"    // fn returned an error
-	OutcomePanicked Outcome = "panicked" // fn panicked; the panic goes on up the stack after it is recorded
-	OutcomeLost     Outcome = "lost"     // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
+	OutcomeOK       Outcome = store.OutcomeOK // fn returned nil and no lock was lost
+	OutcomeError    Outcome = "error"         // fn returned an error
+	OutcomePanicked Outcome = "panicked"      // fn panicked; the panic goes on up the stack after it is recorded
+	OutcomeLost     Outcome = "lost"          // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
 )
 
 // Event is something that happened to a lock, a job or an election of a Client. See
@@ -185,5 +187,5 @@ func (e *events) close(ctx context.Context) error {
 	e.closed = true
 	e.cond.Signal()
 	e.mu.Unlock()
-	return waitDone(ctx, e.done)
+	return store.WaitDone(ctx, e.done)
 }

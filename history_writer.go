@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // The client's side of the run history: runs and skipped ticks written to the store in
@@ -23,26 +25,6 @@ const (
 	maxPendingRuns = 10000
 )
 
-// runRecord is one run waiting to be written. ended is on the real clock of this
-// process: the store turns it into its own clock when it writes the run.
-type runRecord struct {
-	job, instance, owner string
-	token                int64
-	slot                 slotRun // zero for a job without a schedule
-	ended                time.Time
-	duration             time.Duration
-	outcome              Outcome
-	err                  string
-}
-
-// skipCount is the skips of one job for one reason counted since the last flush.
-type skipCount struct {
-	job    string
-	reason Reason
-	count  int64
-	last   time.Time // real clock, as runRecord.ended
-}
-
 // jobRan reports a run of job under l, of slot (zero without a schedule), that started
 // at start (real clock) and ended now with outcome and err: an EventJobRan, and a
 // record for the history.
@@ -54,8 +36,8 @@ func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outc
 		ev.Owner, ev.Token = l.entry.Owner, l.token
 	}
 	c.events.emit(ev)
-	c.history.record(runRecord{job: job, instance: c.instance, owner: ev.Owner, token: ev.Token, slot: slot,
-		ended: end, duration: ev.Duration, outcome: outcome, err: runErrText(err)})
+	c.history.record(store.RunRecord{Job: job, Instance: c.instance, Owner: ev.Owner, Token: ev.Token, Slot: slot.slot,
+		Attempt: slot.attempt, Ended: end, Duration: ev.Duration, Outcome: string(outcome), Err: runErrText(err)})
 }
 
 // runErrText is err as the history keeps it: valid UTF-8 without NUL, at most
@@ -71,9 +53,9 @@ func runErrText(err string) string {
 
 // history writes a client's runs and skip counts to its store in the background, on a
 // goroutine started at the first record. Its methods do nothing on a nil history
-// (recording off, or a type that embeds a Store).
+// (recording off).
 type history struct {
-	store     backend
+	store     store.Store
 	logger    *slog.Logger
 	instance  string
 	retention time.Duration
@@ -81,9 +63,9 @@ type history struct {
 	cancel    context.CancelFunc
 
 	mu      sync.Mutex
-	runs    []runRecord
+	runs    []store.RunRecord
 	dropped int // runs dropped since the last write, maxPendingRuns being reached
-	skips   map[skipKey]*skipCount
+	skips   map[skipKey]*store.SkipCount
 	flushed time.Time // the last write of skips, real clock
 	started bool
 	closed  bool
@@ -97,27 +79,26 @@ type skipKey struct {
 }
 
 // newHistory returns the history writer of a client on store, or nil when retention
-// is 0 or store is a type that embeds a Store.
-func newHistory(store Store, logger *slog.Logger, instance string, retention time.Duration) *history {
-	b, ok := store.(backend)
-	if !ok || retention == 0 {
+// is 0.
+func newHistory(b store.Store, logger *slog.Logger, instance string, retention time.Duration) *history {
+	if retention == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &history{store: b, logger: logger, instance: instance, retention: retention, ctx: ctx, cancel: cancel,
-		skips: make(map[skipKey]*skipCount), wake: make(chan struct{}, 1), done: make(chan struct{})}
+		skips: make(map[skipKey]*store.SkipCount), wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // record queues a run; after Close it is dropped.
-func (h *history) record(r runRecord) {
+func (h *history) record(r store.RunRecord) {
 	if h == nil {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		h.logger.Debug("pglock: job run not recorded: the client is closed", slog.String("key", r.job),
-			slog.String("owner", r.owner), slog.Int64("token", r.token))
+		h.logger.Debug("pglock: job run not recorded: the client is closed", slog.String("key", r.Job),
+			slog.String("owner", r.Owner), slog.Int64("token", r.Token))
 		return
 	}
 	if len(h.runs) >= maxPendingRuns {
@@ -142,11 +123,11 @@ func (h *history) skip(job string, reason Reason, n int) {
 	k := skipKey{job, reason}
 	s := h.skips[k]
 	if s == nil {
-		s = &skipCount{job: job, reason: reason}
+		s = &store.SkipCount{Job: job, Reason: string(reason)}
 		h.skips[k] = s
 	}
-	s.count += int64(n)
-	s.last = now
+	s.Count += int64(n)
+	s.Last = now
 	h.signal()
 }
 
@@ -174,7 +155,7 @@ func (h *history) write() {
 		runs, dropped := h.runs, h.dropped
 		h.runs, h.dropped = nil, 0
 		closed := h.closed
-		var skips []skipCount
+		var skips []store.SkipCount
 		var wait time.Duration
 		if len(h.skips) > 0 {
 			if due := h.flushed.Add(skipFlushEvery); closed || !time.Now().Before(due) {
@@ -221,22 +202,22 @@ func (h *history) write() {
 	}
 }
 
-func (h *history) writeRun(r runRecord) {
-	ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
+func (h *history) writeRun(r store.RunRecord) {
+	ctx, cancel := context.WithTimeout(h.ctx, store.Timeout)
 	defer cancel()
-	if err := h.store.recordRun(ctx, r, h.retention); err != nil {
-		h.logger.Warn("pglock: job run not recorded", slog.String("key", r.job), slog.String("owner", r.owner),
-			slog.Int64("token", r.token), slog.Any("err", err))
+	if err := h.store.RecordRun(ctx, r, h.retention); err != nil {
+		h.logger.Warn("pglock: job run not recorded", slog.String("key", r.Job), slog.String("owner", r.Owner),
+			slog.Int64("token", r.Token), slog.Any("err", err))
 	}
 }
 
-func (h *history) writeSkips(skips []skipCount) {
-	slices.SortFunc(skips, func(a, b skipCount) int {
-		return cmp.Or(strings.Compare(a.job, b.job), strings.Compare(string(a.reason), string(b.reason)))
+func (h *history) writeSkips(skips []store.SkipCount) {
+	slices.SortFunc(skips, func(a, b store.SkipCount) int {
+		return cmp.Or(strings.Compare(a.Job, b.Job), strings.Compare(a.Reason, b.Reason))
 	})
-	ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
+	ctx, cancel := context.WithTimeout(h.ctx, store.Timeout)
 	defer cancel()
-	if err := h.store.recordSkips(ctx, h.instance, skips, h.retention); err != nil {
+	if err := h.store.RecordSkips(ctx, h.instance, skips, h.retention); err != nil {
 		h.logger.Warn("pglock: skipped job ticks not counted", slog.Int("jobs", len(skips)), slog.Any("err", err))
 	}
 }
@@ -259,5 +240,5 @@ func (h *history) close(ctx context.Context) error {
 	case h.wake <- struct{}{}:
 	default:
 	}
-	return waitDone(ctx, h.done)
+	return store.WaitDone(ctx, h.done)
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // leaseSuffix ends the key of a job's lease: the lease of job "k" is the lock "k:owner".
@@ -66,7 +68,7 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	if err := c.register(fmt.Sprintf("job %q", key), key, key+leaseSuffix); err != nil {
 		return nil, err
 	}
-	c.registered(kindJob, key)
+	c.registered(store.KindJob, key)
 	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, limit: limit, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
@@ -209,7 +211,7 @@ func lostCause(ctx context.Context) error {
 
 // checkJobKey checks a key whose lease key is key+leaseSuffix.
 func checkJobKey(key string) error {
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	if n := utf8.RuneCountInString(key + leaseSuffix); n > MaxKeyLength {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // releasedChannel is what pglock.lock_release notifies, with the key as the payload,
@@ -44,7 +46,7 @@ const (
 // primary may lack the marks), and has the client confirm its locks (back).
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
-	marker wantMarker
+	marker store.Wanter
 	logger *slog.Logger
 	back   func()        // called when the connection comes back after it was cut
 	retry  chan struct{} // cuts a backoff short (retryNow)
@@ -62,11 +64,11 @@ type listener struct {
 	done     chan struct{}      // closed when it ends
 }
 
-func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger, back func()) *listener {
+func newListener(config *pgx.ConnConfig, s store.Store, logger *slog.Logger, back func()) *listener {
 	l := &listener{logger: logger, back: back, retry: make(chan struct{}, 1),
 		waiters: make(map[string][]*waiter), fair: make(map[string]chan struct{}),
 		lines: make(map[string][]fairEntry), done: make(chan struct{})}
-	if marker, ok := store.(wantMarker); ok && config != nil {
+	if marker, ok := s.(store.Wanter); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
 	return l
@@ -98,7 +100,7 @@ func (l *listener) close(ctx context.Context) error {
 		return nil
 	}
 	cancel()
-	return waitDone(ctx, l.done)
+	return store.WaitDone(ctx, l.done)
 }
 
 // run keeps a connection LISTENing until ctx ends.

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // The registry: the jobs and elections clients registered, kept in the store so that an
@@ -16,18 +18,9 @@ import (
 const (
 	// registryRefresh is how often a client tells the store that its registrations
 	// are still there (Registration.Seen).
-	registryRefresh = 5 * time.Minute
-	// registryGone is how long a registration neither closed nor refreshed stays
-	// live: a refresh period and a minute for a late one.
-	registryGone = registryRefresh + time.Minute
+	registryRefresh = store.RegistryRefresh
 	// registryBatch is the most keys one registry write carries.
 	registryBatch = 1000
-)
-
-// Registry kinds: the kind column of pglock.registry.
-const (
-	kindJob      = "job"
-	kindElection = "election"
 )
 
 // Registration says that an instance registered a job or an election, as the store keeps
@@ -47,50 +40,35 @@ type RegistrationState string
 const (
 	// RegistrationLive: not closed, and seen within the last 6 minutes (a refresh is
 	// due every 5): its client is open.
-	RegistrationLive RegistrationState = "live"
+	RegistrationLive RegistrationState = store.RegistrationLive
 	// RegistrationClosed: the instance left: its Client was closed, or (an election)
 	// it resigned.
-	RegistrationClosed RegistrationState = "closed"
+	RegistrationClosed RegistrationState = store.RegistrationClosed
 	// RegistrationGone: not closed, and not seen for over 6 minutes: its process died
 	// or was killed, its Close could not reach the store, or it lost the store.
-	RegistrationGone RegistrationState = "gone"
+	RegistrationGone RegistrationState = store.RegistrationGone
 )
 
-// registrationState is the state of a registration seen at seen, closed or not, read
-// at now.
-func registrationState(closed bool, seen, now time.Time) RegistrationState {
-	switch {
-	case closed:
-		return RegistrationClosed
-	case now.Sub(seen) > registryGone:
-		return RegistrationGone
-	}
-	return RegistrationLive
+func registrationOf(r store.Registration) Registration {
+	return Registration{Instance: r.Instance, Registered: r.Registered, Seen: r.Seen, State: RegistrationState(r.State)}
 }
 
 // registryEntry is one registration of this client.
 type registryEntry struct{ kind, key string }
 
-// registryRow is one registration as the store lists it.
-type registryRow struct {
-	key string
-	Registration
-}
-
 // registered queues what a Job, Elect, GocronElector or GocronLocker job registered
 // for the store, and for a job emits EventJobRegistered.
 func (c *Client) registered(kind, key string) {
 	c.registry.add(registryEntry{kind, key})
-	if kind == kindJob {
+	if kind == store.KindJob {
 		c.emit(EventJobRegistered, key, nil, "", nil)
 	}
 }
 
 // registry writes a client's registrations to its store in the background, on a
-// goroutine started at the first one. Its methods do nothing on a nil registry (a
-// type that embeds a Store).
+// goroutine started at the first one.
 type registry struct {
-	store    backend
+	store    store.Store
 	logger   *slog.Logger
 	instance string
 	ctx      context.Context // the writes'; cancelled when Close stops waiting
@@ -106,20 +84,13 @@ type registry struct {
 	done    chan struct{} // closed when the writer ends
 }
 
-func newRegistry(store Store, logger *slog.Logger, instance string) *registry {
-	b, ok := store.(backend)
-	if !ok {
-		return nil
-	}
+func newRegistry(b store.Store, logger *slog.Logger, instance string) *registry {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &registry{store: b, logger: logger, instance: instance, ctx: ctx, cancel: cancel,
 		entries: make(map[registryEntry]struct{}), wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 func (r *registry) add(e registryEntry) {
-	if r == nil {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
@@ -144,9 +115,6 @@ func (r *registry) wakeWriter() {
 
 // remove stops refreshing e (a resigned election) and marks it closed in the store.
 func (r *registry) remove(e registryEntry) {
-	if r == nil {
-		return
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.entries[e]; !ok {
@@ -166,11 +134,11 @@ func (r *registry) write() {
 	defer refresh.Stop()
 	touch := func(registering bool) func(ctx context.Context, kind string, keys []string) error {
 		return func(ctx context.Context, kind string, keys []string) error {
-			return r.store.registryTouch(ctx, kind, keys, r.instance, registering)
+			return r.store.RegistryTouch(ctx, kind, keys, r.instance, registering)
 		}
 	}
 	leave := func(ctx context.Context, kind string, keys []string) error {
-		return r.store.registryClose(ctx, kind, keys, r.instance)
+		return r.store.RegistryClose(ctx, kind, keys, r.instance)
 	}
 	for {
 		r.mu.Lock()
@@ -222,7 +190,7 @@ func (r *registry) each(entries []registryEntry, write func(ctx context.Context,
 	for kind, keys := range byKind {
 		slices.Sort(keys)
 		for batch := range slices.Chunk(slices.Compact(keys), registryBatch) {
-			ctx, cancel := context.WithTimeout(r.ctx, storeTimeout)
+			ctx, cancel := context.WithTimeout(r.ctx, store.Timeout)
 			err := write(ctx, kind, batch)
 			cancel()
 			if err != nil {
@@ -236,9 +204,6 @@ func (r *registry) each(entries []registryEntry, write func(ctx context.Context,
 // close is Close's step: it writes the registrations pending, then marks every one
 // closed, until ctx ends.
 func (r *registry) close(ctx context.Context) error {
-	if r == nil {
-		return nil
-	}
 	r.mu.Lock()
 	r.closed = true
 	started := r.started
@@ -248,5 +213,5 @@ func (r *registry) close(ctx context.Context) error {
 	if !started {
 		return nil
 	}
-	return waitDone(ctx, r.done)
+	return store.WaitDone(ctx, r.done)
 }

@@ -14,6 +14,8 @@ import (
 
 	"github.com/go-co-op/gocron/v2"
 	"github.com/robfig/cron/v3"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Slots: a job that knows its schedule (Cron, Every) claims each scheduled time, its
@@ -292,7 +294,7 @@ func checkSlotJobKey(key string) error {
 // slotted is the slots' side of a Job with a schedule.
 type slotted struct {
 	j        *Job
-	store    slotStore
+	store    store.Slots
 	sched    *schedule
 	catchUp  int
 	deadline time.Duration
@@ -328,10 +330,20 @@ func checkSlotted(c *Client, key string, cfg settings) error {
 		return err
 	}
 	if c.slotStore() == nil {
-		return fmt.Errorf("pglock: Job %q: slots (Cron, Every) need a store of New, NewPostgresStore or NewSQLStore, not %T: %w",
-			key, unwatched(c.store), errors.ErrUnsupported)
+		return fmt.Errorf("pglock: Job %q: slots (Cron, Every) need a store of New, NewPostgresStore or NewSQLStore, not NewMemoryStore: %w",
+			key, errors.ErrUnsupported)
 	}
 	return nil
+}
+
+// slotStore returns the client's store as a store.Slots, its calls observed for Health,
+// or nil when the store keeps no slots.
+func (c *Client) slotStore() store.Slots {
+	s, ok := store.Unobserved(c.store).(store.Slots)
+	if !ok {
+		return nil
+	}
+	return store.ObserveSlots(s, c.health.calls)
 }
 
 // dbNow is this process's guess of the database's clock.
@@ -351,7 +363,7 @@ func (s *slotted) learn(dbNow, sent time.Time) {
 func (s *slotted) tick(ctx context.Context) error {
 	j := s.j
 	slot, next := s.sched.current(s.dbNow())
-	var r slotClaimReply
+	var r store.SlotClaimReply
 	var l *Lock
 	for try := 0; ; try++ {
 		if slot.IsZero() {
@@ -363,30 +375,30 @@ func (s *slotted) tick(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.learn(r.now, sent)
-		if r.status != claimMoved {
+		s.learn(r.Now, sent)
+		if r.Status != store.ClaimMoved {
 			break
 		}
 		if try == 1 {
 			return fmt.Errorf("pglock: job %q: the database's clock (%v) and this process's name different slots: %v is not the slot to claim",
-				j.key, r.now.UTC(), slot.UTC())
+				j.key, r.Now.UTC(), slot.UTC())
 		}
 		slot, next = s.sched.current(s.dbNow())
 	}
-	switch r.status {
-	case claimTaken:
+	switch r.Status {
+	case store.ClaimTaken:
 		j.c.skippedSlot(j.key, ReasonSlotClaimed, slot, 1)
 		s.watchDue(r)
 		return nil
-	case claimLate:
+	case store.ClaimLate:
 		j.c.skippedSlot(j.key, ReasonSlotMissed, slot, 1)
 	}
 	var catchUp []time.Time
-	if !r.prior.IsZero() {
-		missed := s.sched.between(r.prior, slot)
+	if !r.Prior.IsZero() {
+		missed := s.sched.between(r.Prior, slot)
 		for len(missed) > 0 && len(catchUp) < s.catchUp {
 			m := missed[len(missed)-1]
-			if s.deadline > 0 && r.now.Sub(m) > s.deadline {
+			if s.deadline > 0 && r.Now.Sub(m) > s.deadline {
 				break
 			}
 			missed, catchUp = missed[:len(missed)-1], append(catchUp, m)
@@ -402,11 +414,11 @@ func (s *slotted) tick(ctx context.Context) error {
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case mr.status == claimClaimed:
+		case mr.Status == store.ClaimClaimed:
 			errs = append(errs, s.run(ctx, m, ml, 1))
-		case mr.status == claimLate:
+		case mr.Status == store.ClaimLate:
 			j.c.skippedSlot(j.key, ReasonSlotMissed, m, 1)
-		case mr.status == claimTaken:
+		case mr.Status == store.ClaimTaken:
 			j.c.skippedSlot(j.key, ReasonSlotClaimed, m, 1)
 		}
 	}
@@ -419,34 +431,34 @@ func (s *slotted) tick(ctx context.Context) error {
 // claim claims slot (next zero: a missed slot) for a new owner, as an acquisition
 // does: on a call detached from ctx, whose grant is handed back if ctx ends first.
 // It returns the store's reply, and the slot's lock when it claimed it.
-func (s *slotted) claim(ctx context.Context, slot, next time.Time) (slotClaimReply, *Lock, error) {
+func (s *slotted) claim(ctx context.Context, slot, next time.Time) (store.SlotClaimReply, *Lock, error) {
 	j := s.j
-	a := slotClaimArgs{job: j.key, slot: slot, next: next, ttl: j.ttl, attempts: s.attempts, deadline: s.deadline}
-	return s.take(ctx, slot, func(ctx context.Context, owner string) (slotClaimReply, error) {
-		a.owner = owner
-		return s.store.slotClaim(ctx, a)
+	a := store.SlotClaimArgs{Job: j.key, Slot: slot, Next: next, TTL: j.ttl, Attempts: s.attempts, Deadline: s.deadline}
+	return s.take(ctx, slot, func(ctx context.Context, owner string) (store.SlotClaimReply, error) {
+		a.Owner = owner
+		return s.store.SlotClaim(ctx, a)
 	})
 }
 
 // take makes a claim of slot's lock (it took it when the reply's token is positive) as
 // tryFrom makes an acquisition: detached from ctx, its grant handed back when ctx ends
 // first or the reply came too late.
-func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx context.Context, owner string) (slotClaimReply, error)) (slotClaimReply, *Lock, error) {
+func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx context.Context, owner string) (store.SlotClaimReply, error)) (store.SlotClaimReply, *Lock, error) {
 	c, key := s.j.c, slotKey(s.j.key, slot)
 	if c.isClosed() {
-		return slotClaimReply{}, nil, ErrClosed
+		return store.SlotClaimReply{}, nil, ErrClosed
 	}
 	if ctx.Err() != nil {
-		return slotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+		return store.SlotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	}
 	t, owner := target{key: key}, c.newOwner()
 	start := c.clock.Now()
-	mark := &sendMark{now: c.clock.Now, sent: start}
-	var reply slotClaimReply
+	mark := &store.SendMark{Now: c.clock.Now, Sent: start}
+	var reply store.SlotClaimReply
 	ar, abandoned := c.acquireCall(ctx, t, owner, s.j.ttl, mark, func(ctx context.Context) acquireReply {
 		r, err := call(ctx, owner)
 		reply = r
-		return acquireReply{token: r.token, ok: err == nil && r.token > 0, err: err}
+		return acquireReply{token: r.Token, ok: err == nil && r.Token > 0, err: err}
 	})
 	switch {
 	case abandoned:
@@ -459,7 +471,7 @@ func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx contex
 	case !ar.ok:
 		return reply, nil, nil
 	}
-	l, err := c.newLock(t, 0, owner, s.j.ttl, ar.token, start, mark.sent)
+	l, err := c.newLock(t, 0, owner, s.j.ttl, ar.token, start, mark.Sent)
 	if err != nil {
 		return reply, nil, err
 	}
@@ -503,7 +515,7 @@ func (s *slotted) end(l *Lock, slot time.Time, attempt int, outcome string) erro
 	err := l.releaseVia(context.Background(), func(ctx context.Context, key, owner string) (bool, bool, error) {
 		ctx, cancel := detached(ctx)
 		defer cancel()
-		ok, err := s.store.slotEnd(ctx, j.key, slot, owner, l.token, outcome, s.backoff)
+		ok, err := s.store.SlotEnd(ctx, j.key, slot, owner, l.token, outcome, s.backoff)
 		return ok, false, err
 	})
 	if outcome != string(OutcomeOK) && attempt < s.attempts {
@@ -563,7 +575,7 @@ func (s *slotted) retry(ctx context.Context) error {
 			return err
 		}
 		if l == nil {
-			s.watchDue(r.slotClaimReply)
+			s.watchDue(r.SlotClaimReply)
 			return nil
 		}
 		if err := s.run(ctx, r.slot, l, r.attempt); err != nil {
@@ -575,7 +587,7 @@ func (s *slotted) retry(ctx context.Context) error {
 
 // retryReply is a retry's claim: the slot and attempt it claimed, if any.
 type retryReply struct {
-	slotClaimReply
+	store.SlotClaimReply
 	slot    time.Time
 	attempt int
 }
@@ -592,27 +604,27 @@ func (s *slotted) claimRetry(ctx context.Context) (retryReply, *Lock, error) {
 	}
 	owner := c.newOwner()
 	start := c.clock.Now()
-	mark := &sendMark{now: c.clock.Now, sent: start}
-	rctx, cancel := context.WithTimeout(withSendMark(context.WithoutCancel(ctx), mark), storeTimeout)
+	mark := &store.SendMark{Now: c.clock.Now, Sent: start}
+	rctx, cancel := context.WithTimeout(store.WithSendMark(context.WithoutCancel(ctx), mark), store.Timeout)
 	defer cancel()
 	sent := time.Now()
-	rr, err := s.store.slotRetry(rctx, j.key, owner, j.ttl)
+	rr, err := s.store.SlotRetry(rctx, j.key, owner, j.ttl)
 	if err != nil {
 		return retryReply{}, nil, err
 	}
-	s.learn(rr.now, sent)
-	r := retryReply{slotClaimReply: slotClaimReply{now: rr.now, due: rr.due}, slot: rr.slot, attempt: rr.attempt}
-	if !rr.ok {
+	s.learn(rr.Now, sent)
+	r := retryReply{SlotClaimReply: store.SlotClaimReply{Now: rr.Now, Due: rr.Due}, slot: rr.Slot, attempt: rr.Attempt}
+	if !rr.OK {
 		return r, nil, nil
 	}
-	l, err := c.newLock(target{key: slotKey(j.key, rr.slot)}, 0, owner, j.ttl, rr.token, start, mark.sent)
+	l, err := c.newLock(target{key: slotKey(j.key, rr.Slot)}, 0, owner, j.ttl, rr.Token, start, mark.Sent)
 	return r, l, err
 }
 
 // watchDue arranges a look at the time r says an attempt may next be due, if any.
-func (s *slotted) watchDue(r slotClaimReply) {
-	if !r.due.IsZero() {
-		s.watch(r.due.Sub(r.now))
+func (s *slotted) watchDue(r store.SlotClaimReply) {
+	if !r.Due.IsZero() {
+		s.watch(r.Due.Sub(r.Now))
 	}
 }
 
