@@ -9,9 +9,9 @@ import (
 // Store keeps the locks that every instance shares. Each method is atomic and measures
 // expiry on the store's own clock: of any number of concurrent callers of Acquire for one
 // key, exactly one wins. An expired lock does not exist for any method. NewPostgres,
-// NewSQL and NewMemory make the stores there are; the calls beyond Acquire, Renew and
-// Release are a Client's alone. Optional capabilities (Wanter, Slots) are found by type
-// assertion.
+// NewSQL and NewMemory make the stores there are: a Client's, wrapped in pglock.Store.
+// See the package doc, # Stores. Optional capabilities (Wanter, Slots) are found by
+// type assertion.
 type Store interface {
 	// Acquire takes key for owner for ttl if no live lock holds it, and returns its
 	// fencing token: positive, and greater than every token the key had before.
@@ -40,9 +40,10 @@ type Store interface {
 	// acquired false, with a nil error, when none is free (see pglock.sem_acquire).
 	SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
 	// ReleaseMany releases keys[i] for owners[i] in one call, as Release does, and
-	// returns the indexes i of those it released: the client's hand-backs. A key is a
-	// lock's key or a permit's row key, or a semaphore's key followed by
-	// PermitSeparator for the permit of unknown number that the owner may hold live.
+	// returns the indexes i of those it released: the client's hand-backs (see
+	// handBacks). A key is a lock's key or a permit's row key, or a semaphore's key
+	// followed by PermitSeparator for the permit of unknown number that the owner may
+	// hold live.
 	ReleaseMany(ctx context.Context, keys, owners []string) (released []int, err error)
 
 	// ForceRelease ends the lease of key's live holder, whoever it is, so that its
@@ -81,7 +82,7 @@ type Store interface {
 	// claimed, and reports whether it was queued.
 	QueueLeave(ctx context.Context, key string, ticket int64) (bool, error)
 	// RegistryTouch writes that instance registered keys of kind (KindJob,
-	// KindElection): a registration when registering, else a refresh.
+	// KindElection): a registration when registering, else a refresh (see registry).
 	RegistryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error
 	// RegistryClose marks instance's registrations of keys of kind closed: it left.
 	RegistryClose(ctx context.Context, kind string, keys []string, instance string) error
@@ -94,11 +95,11 @@ type Store interface {
 }
 
 // Wanter is the PostgreSQL stores' capability of marking a key wanted by a waiter,
-// so that its release notifies the listeners. Only a store whose releases NOTIFY has
-// it, and only a Client with a listener uses it.
+// so that its release notifies the listeners (see listener.go). Only a store whose
+// releases NOTIFY has it, and only a Client with a listener uses it. wanted is true
+// when a live holder has the key and the mark is set; false means "try to acquire it
+// now".
 type Wanter interface {
-	// MarkWanted marks key wanted: wanted is true when a live holder has the key and
-	// the mark is set; false means "try to acquire it now".
 	MarkWanted(ctx context.Context, key string) (wanted bool, err error)
 	// AcquireOrWant is Store.Acquire that, when the key is held, marks it wanted in
 	// the same call: wanted reports that it did (the key's release will notify), so

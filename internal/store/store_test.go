@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib" // and the "pgx" database/sql driver
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
@@ -58,7 +59,7 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	long := strings.Repeat("k", store.MaxKeyLength+1)
+	long := strings.Repeat("k", pglock.MaxKeyLength+1)
 	renewals := []struct {
 		name         string
 		keys, owners []string
@@ -66,17 +67,17 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 		want         error
 		text         string
 	}{
-		{"more keys than owners", []string{"held", "b"}, []string{"o"}, time.Hour, store.ErrInvalidArgument, "2 keys and 1 owners"},
-		{"more owners than keys", nil, []string{"o"}, time.Hour, store.ErrInvalidArgument, "0 keys and 1 owners"},
-		{"an empty key", []string{"held", ""}, []string{"o", "o"}, time.Hour, store.ErrInvalidKey, "empty"},
-		{"a key with NUL", []string{"held", "a\x00"}, []string{"o", "o"}, time.Hour, store.ErrInvalidKey, "NUL"},
-		{"a key not UTF-8", []string{"held", "\xff"}, []string{"o", "o"}, time.Hour, store.ErrInvalidKey, "UTF-8"},
-		{"a key too long", []string{"held", long}, []string{"o", "o"}, time.Hour, store.ErrInvalidKey, "501 characters"},
-		{"an empty owner", []string{"held", "b"}, []string{"o", ""}, time.Hour, store.ErrInvalidArgument, "owner"},
-		{"an owner with NUL", []string{"held", "b"}, []string{"o", "o\x00"}, time.Hour, store.ErrInvalidArgument, "owner"},
-		{"a zero ttl", []string{"held"}, []string{"o"}, 0, store.ErrInvalidArgument, "ttl 0s"},
-		{"a negative ttl", []string{"held"}, []string{"o"}, -time.Second, store.ErrInvalidArgument, "ttl -1s"},
-		{"a ttl over the most", []string{"held"}, []string{"o"}, store.MaxTTL + time.Second, store.ErrInvalidArgument, "ttl"},
+		{"more keys than owners", []string{"held", "b"}, []string{"o"}, time.Hour, pglock.ErrInvalidArgument, "2 keys and 1 owners"},
+		{"more owners than keys", nil, []string{"o"}, time.Hour, pglock.ErrInvalidArgument, "0 keys and 1 owners"},
+		{"an empty key", []string{"held", ""}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "empty"},
+		{"a key with NUL", []string{"held", "a\x00"}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "NUL"},
+		{"a key not UTF-8", []string{"held", "\xff"}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "UTF-8"},
+		{"a key too long", []string{"held", long}, []string{"o", "o"}, time.Hour, pglock.ErrInvalidKey, "501 characters"},
+		{"an empty owner", []string{"held", "b"}, []string{"o", ""}, time.Hour, pglock.ErrInvalidArgument, "owner"},
+		{"an owner with NUL", []string{"held", "b"}, []string{"o", "o\x00"}, time.Hour, pglock.ErrInvalidArgument, "owner"},
+		{"a zero ttl", []string{"held"}, []string{"o"}, 0, pglock.ErrInvalidArgument, "ttl 0s"},
+		{"a negative ttl", []string{"held"}, []string{"o"}, -time.Second, pglock.ErrInvalidArgument, "ttl -1s"},
+		{"a ttl over the most", []string{"held"}, []string{"o"}, pglock.MaxTTL + time.Second, pglock.ErrInvalidArgument, "ttl"},
 	}
 	holders := []struct {
 		name, key, text string
@@ -86,14 +87,14 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 		{"a key not UTF-8", "\xff", "UTF-8"},
 		{"a key too long", long, "501 characters"},
 	}
-	for name, s := range map[string]store.Store{
+	for name, store := range map[string]store.Store{
 		"Postgres": store.NewPostgres(pool),
 		"SQL":      store.NewSQL(db),
 		"Memory":   store.NewMemory(nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			held := name + ":held"
-			_, ok, err := s.Acquire(ctx, held, "o", time.Minute)
+			_, ok, err := store.Acquire(ctx, held, "o", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			for _, tc := range renewals {
@@ -102,12 +103,12 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 					if len(keys) > 0 {
 						keys[0] = held
 					}
-					renewed, err := s.RenewMany(ctx, keys, tc.owners, tc.ttl)
+					renewed, err := store.RenewMany(ctx, keys, tc.owners, tc.ttl)
 					require.ErrorIs(t, err, tc.want)
 					require.ErrorContains(t, err, tc.text)
 					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
 					require.Nil(t, renewed)
-					h, err := s.Holder(ctx, held)
+					h, err := store.Holder(ctx, held)
 					require.NoError(t, err)
 					require.True(t, h.Held)
 					require.LessOrEqual(t, h.ExpiresIn, time.Minute, "a batch with a bad entry renewed its good one")
@@ -115,8 +116,8 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 			}
 			for _, tc := range holders {
 				t.Run("Holder/"+tc.name, func(t *testing.T) {
-					h, err := s.Holder(ctx, tc.key)
-					require.ErrorIs(t, err, store.ErrInvalidKey)
+					h, err := store.Holder(ctx, tc.key)
+					require.ErrorIs(t, err, pglock.ErrInvalidKey)
 					require.ErrorContains(t, err, tc.text)
 					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
 					require.Zero(t, h)
