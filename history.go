@@ -3,15 +3,19 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pgfence/pglock/internal/store"
 )
 
 // Run history: what RunHistory records and JobRuns and JobStatuses read. The client
-// writes it in the background (history_writer.go); the stores keep it
-// (store_history.go).
+// writes it in the background (store.History); the stores keep it
+// (internal/store/history.go).
 const (
+	// maxRunErr is how many characters of a run's error the history keeps.
+	maxRunErr           = 1000
 	defaultRunRetention = 7 * 24 * time.Hour
 	minRunRetention     = time.Second
 	maxRunRetention     = 10 * 365 * 24 * time.Hour
@@ -140,4 +144,30 @@ func jobStatusOf(j store.JobStatus) JobStatus {
 		s.Registrations = append(s.Registrations, registrationOf(r))
 	}
 	return s
+}
+
+// jobRan reports a run of job under l, of slot (zero without a schedule), that started
+// at start (real clock) and ended now with outcome and err: an EventJobRan, and a
+// record for the history.
+func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outcome Outcome, err string) {
+	end := time.Now()
+	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(),
+		Slot: slot.slot, Attempt: slot.attempt}
+	if l != nil {
+		ev.Owner, ev.Token = l.entry.Owner, l.token
+	}
+	c.events.emit(ev)
+	c.history.Record(store.RunRecord{Job: job, Instance: c.instance, Owner: ev.Owner, Token: ev.Token, Slot: slot.slot,
+		Attempt: slot.attempt, Ended: end, Duration: ev.Duration, Outcome: string(outcome), Err: runErrText(err)})
+}
+
+// runErrText is err as the history keeps it: valid UTF-8 without NUL, at most
+// maxRunErr characters.
+func runErrText(err string) string {
+	err = strings.ReplaceAll(strings.ToValidUTF8(err, "\uFFFD"), "\x00", "")
+	if utf8.RuneCountInString(err) <= maxRunErr {
+		return err
+	}
+	runes := []rune(err)
+	return string(runes[:maxRunErr])
 }

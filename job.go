@@ -246,5 +246,5 @@ func (c *Client) skippedSlot(job string, reason Reason, slot time.Time, n int) {
 	c.logger.Debug(skippedMessages[reason], attrs...)
 	c.health.count(EventJobSkipped)
 	c.events.emit(Event{Type: EventJobSkipped, Key: job, Reason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
-	c.history.skip(job, reason, n)
+	c.history.Skip(job, string(reason), n)
 }

@@ -114,7 +114,7 @@ func (e *Election) stop(ctx context.Context, why error) error {
 func (e *Election) run() {
 	defer close(e.done)
 	defer e.c.unregister(e.key)
-	defer e.c.registry.remove(registryEntry{store.KindElection, e.key})
+	defer e.c.registry.Remove(store.KindElection, e.key)
 	w := e.c.listener.waiter(target{key: e.key})
 	defer w.stop()
 	free := 0 // how many times in a row the key looked free

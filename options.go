@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pglock/internal/schedule"
 	"github.com/pgfence/pglock/internal/store"
 )
 
@@ -93,13 +94,13 @@ type settings struct {
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
-	atMost             int           // AtMost's; 0: none
-	runRetention       time.Duration // RunHistory's; 0: off
-	schedule           *schedule     // Cron's or Every's; nil: none
-	catchUp            int           // CatchUp's; 0: none
-	deadline           time.Duration // Deadline's; 0: none
-	attempts           int           // AtLeastOnce's; 0: at most once
-	backoff            time.Duration // AtLeastOnce's
+	atMost             int                // AtMost's; 0: none
+	runRetention       time.Duration      // RunHistory's; 0: off
+	schedule           *schedule.Schedule // Cron's or Every's; nil: none
+	catchUp            int                // CatchUp's; 0: none
+	deadline           time.Duration      // Deadline's; 0: none
+	attempts           int                // AtLeastOnce's; 0: at most once
+	backoff            time.Duration      // AtLeastOnce's
 }
 
 // applyOptions applies opts, given to the call callName, over s; get is the method of

@@ -28,11 +28,11 @@ type Client struct {
 	renewals *store.Renewals                                            // the renewer's way to the store
 	release  func(ctx context.Context, key, owner string) (bool, error) // a Release's way: the renewals', else the store's
 	events   *events
-	listener *listener    // wakes waiters when their key is released
-	history  *history     // writes job runs and skips; nil when RunHistory is off
-	registry *registry    // writes the jobs and elections registered
-	health   health       // what Health reports
-	timeline atomic.Int64 // the latest timeline of the server seen in a token (see laterTimeline)
+	listener *listener       // wakes waiters when their key is released
+	history  *store.History  // writes job runs and skips; nil when RunHistory is off
+	registry *store.Registry // writes the jobs and elections registered
+	health   health          // what Health reports
+	timeline atomic.Int64    // the latest timeline of the server seen in a token (see laterTimeline)
 
 	mu       sync.Mutex
 	closed   bool
@@ -110,8 +110,8 @@ func newClient(s *Store, callName string, opts []ClientOption) (*Client, error) 
 		c.handBacks.many, c.release, renewals = own.ReleaseMany, own.Release, own
 	}
 	c.listener = newListener(cfg.listen, st, cfg.logger, c.connectionsBack)
-	c.history = newHistory(st, cfg.logger, cfg.instance, cfg.runRetention)
-	c.registry = newRegistry(st, cfg.logger, cfg.instance)
+	c.history = store.NewHistory(st, cfg.logger, cfg.instance, cfg.runRetention)
+	c.registry = store.NewRegistry(st, cfg.logger, cfg.instance)
 	c.onClose(c.listener.close)
 	c.renewer = renewer.New(renewer.Config{
 		Store: renewals,
@@ -315,7 +315,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.registry.close(ctx), c.renewer.Close(ctx), c.renewals.Close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.close(ctx), c.history.Close(ctx), c.registry.Close(ctx), c.renewer.Close(ctx), c.renewals.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}

@@ -6,15 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/robfig/cron/v3"
 
+	"github.com/pgfence/pglock/internal/schedule"
 	"github.com/pgfence/pglock/internal/store"
 )
 
@@ -26,16 +25,10 @@ const (
 	// minSlotGap is the shortest time between two slots Every takes: each slot is a
 	// durable row and a lock, claimed by every instance's tick.
 	minSlotGap = 100 * time.Millisecond
-	// maxSlotEarly bounds how far ahead of a slot, on the database clock, a tick may
-	// claim it: half the gap to the next slot, a second at most.
-	maxSlotEarly = time.Second
 	// slotKeySuffix and maxSlotDigits make a slot's lock key: "<job>:slot:<ms>", the
 	// slot in milliseconds since the epoch (15 digits up to the year 9999).
 	slotKeySuffix = ":slot:"
 	maxSlotDigits = 15
-	// maxMissedCounted bounds the slots a tick enumerates between the last claimed
-	// and its own: a longer gap counts as this many.
-	maxMissedCounted = 100000
 	// maxAttempts and maxBackoff bound AtLeastOnce; maxCatchUp, CatchUp; maxDeadline,
 	// Deadline.
 	maxAttempts = 100
@@ -57,7 +50,7 @@ func Cron(expr string) JobOption {
 		if s.schedule != nil {
 			return errors.New("a second schedule: give Cron or Every once")
 		}
-		sc, err := parseCron(expr)
+		sc, err := schedule.ParseCron(expr)
 		if err != nil {
 			return err
 		}
@@ -78,7 +71,7 @@ func Every(d time.Duration) JobOption {
 		if d < minSlotGap || d > MaxTTL || d%time.Millisecond != 0 {
 			return fmt.Errorf("%v: want %v to %v in whole milliseconds", d, minSlotGap, MaxTTL)
 		}
-		s.schedule = &schedule{every: d}
+		s.schedule = &schedule.Schedule{Every: d}
 		return nil
 	}}
 }
@@ -159,12 +152,12 @@ func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job
 	}
 	sc := j.slots.sched
 	all := GocronOptions(j.key)
-	if sc.cron == nil {
-		start := sc.next(time.Now().Add(10 * time.Millisecond))
+	if !sc.IsCron() {
+		start := sc.Next(time.Now().Add(10 * time.Millisecond))
 		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
 	}
 	all = append(all, opts...)
-	gj, err := s.NewJob(sc.definition(), j.Task(), all...)
+	gj, err := s.NewJob(definition(sc), j.Task(), all...)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
 	}
@@ -178,103 +171,12 @@ func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job
 	return gj, nil
 }
 
-// schedule is a job's schedule: a cron expression, or an interval aligned to the epoch.
-type schedule struct {
-	expr  string        // the cron expression as gocron gets it, its zone first; "" for Every
-	cron  cron.Schedule // nil for Every
-	every time.Duration
-}
-
-// cronParser parses as gocron.CronJob(expr, true) does, so that both name the same times.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-func parseCron(expr string) (*schedule, error) {
-	zoned := strings.TrimSpace(expr)
-	if !strings.HasPrefix(zoned, "TZ=") && !strings.HasPrefix(zoned, "CRON_TZ=") {
-		zoned = "CRON_TZ=UTC " + zoned
+// definition is the gocron job definition of s.
+func definition(s *schedule.Schedule) gocron.JobDefinition {
+	if s.IsCron() {
+		return gocron.CronJob(s.Expr, true)
 	}
-	if strings.Contains(expr, "@every") {
-		return nil, fmt.Errorf("%q: @every counts from a start of its own, not slots every instance names: use Every", expr)
-	}
-	sc, err := cronParser.Parse(zoned)
-	if err != nil {
-		return nil, fmt.Errorf("%q: %v", expr, err)
-	}
-	if sc.Next(time.Now()).IsZero() {
-		return nil, fmt.Errorf("%q: it names no time to come", expr)
-	}
-	return &schedule{expr: zoned, cron: sc}, nil
-}
-
-// definition is the gocron job definition of the schedule.
-func (s *schedule) definition() gocron.JobDefinition {
-	if s.cron != nil {
-		return gocron.CronJob(s.expr, true)
-	}
-	return gocron.DurationJob(s.every)
-}
-
-// next returns the schedule's first slot after t, or the zero time when none.
-func (s *schedule) next(t time.Time) time.Time {
-	if s.cron != nil {
-		return s.cron.Next(t)
-	}
-	return s.prev(t).Add(s.every)
-}
-
-// prev returns the schedule's last slot at or before t, or the zero time when none.
-func (s *schedule) prev(t time.Time) time.Time {
-	if s.cron == nil {
-		ms, every := t.UnixMilli(), s.every.Milliseconds()
-		return time.UnixMilli(ms - ms%every)
-	}
-	for back := time.Minute; back <= 20*365*24*time.Hour; back *= 2 {
-		x := s.cron.Next(t.Add(-back))
-		if x.IsZero() {
-			return x
-		}
-		if x.After(t) {
-			continue
-		}
-		for {
-			n := s.cron.Next(x)
-			if n.IsZero() || n.After(t) {
-				return x
-			}
-			x = n
-		}
-	}
-	return time.Time{}
-}
-
-// early is how far ahead of slot, whose next slot is next, a tick may claim it.
-func early(slot, next time.Time) time.Duration {
-	return min(next.Sub(slot)/2, maxSlotEarly)
-}
-
-// current returns the slot a tick at now stands for, and the one after it: the last
-// slot at or before now plus its early tolerance. job_slot_claim checks the same on
-// the database clock.
-func (s *schedule) current(now time.Time) (slot, next time.Time) {
-	slot = s.prev(now.Add(maxSlotEarly))
-	for !slot.IsZero() {
-		next = s.next(slot)
-		if !slot.After(now.Add(early(slot, next))) {
-			return slot, next
-		}
-		slot = s.prev(slot.Add(-time.Millisecond))
-	}
-	return time.Time{}, time.Time{}
-}
-
-// between returns the schedule's slots after from and before to, oldest first, at
-// most maxMissedCounted.
-func (s *schedule) between(from, to time.Time) []time.Time {
-	var out []time.Time
-	for t := s.next(from); !t.IsZero() && t.Before(to) && len(out) < maxMissedCounted; t = s.next(t) {
-		out = append(out, t)
-	}
-	return out
+	return gocron.DurationJob(s.Every)
 }
 
 // slotKey is the key of the lock of job's slot.
@@ -295,7 +197,7 @@ func checkSlotJobKey(key string) error {
 type slotted struct {
 	j        *Job
 	store    store.Slots
-	sched    *schedule
+	sched    *schedule.Schedule
 	catchUp  int
 	deadline time.Duration
 	attempts int // 1: at most once
@@ -362,7 +264,7 @@ func (s *slotted) learn(dbNow, sent time.Time) {
 // when there is one).
 func (s *slotted) tick(ctx context.Context) error {
 	j := s.j
-	slot, next := s.sched.current(s.dbNow())
+	slot, next := s.sched.Current(s.dbNow())
 	var r store.SlotClaimReply
 	var l *Lock
 	for try := 0; ; try++ {
@@ -383,7 +285,7 @@ func (s *slotted) tick(ctx context.Context) error {
 			return fmt.Errorf("pglock: job %q: the database's clock (%v) and this process's name different slots: %v is not the slot to claim",
 				j.key, r.Now.UTC(), slot.UTC())
 		}
-		slot, next = s.sched.current(s.dbNow())
+		slot, next = s.sched.Current(s.dbNow())
 	}
 	switch r.Status {
 	case store.ClaimTaken:
@@ -395,7 +297,7 @@ func (s *slotted) tick(ctx context.Context) error {
 	}
 	var catchUp []time.Time
 	if !r.Prior.IsZero() {
-		missed := s.sched.between(r.Prior, slot)
+		missed := s.sched.Between(r.Prior, slot)
 		for len(missed) > 0 && len(catchUp) < s.catchUp {
 			m := missed[len(missed)-1]
 			if s.deadline > 0 && r.Now.Sub(m) > s.deadline {

@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"cmp"
@@ -8,16 +8,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
-
-	"github.com/pgfence/pglock/internal/store"
 )
 
 // The client's side of the run history: runs and skipped ticks written to the store in
-// the background.
+// the background (pglock's history.go).
 const (
-	// maxRunErr is how many characters of a run's error the history keeps.
-	maxRunErr = 1000
 	// skipFlushEvery is how often, at most, a client writes the skips it counted.
 	skipFlushEvery = time.Second
 	// maxPendingRuns bounds the runs waiting for the writer: runs that come faster than
@@ -25,37 +20,11 @@ const (
 	maxPendingRuns = 10000
 )
 
-// jobRan reports a run of job under l, of slot (zero without a schedule), that started
-// at start (real clock) and ended now with outcome and err: an EventJobRan, and a
-// record for the history.
-func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outcome Outcome, err string) {
-	end := time.Now()
-	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(),
-		Slot: slot.slot, Attempt: slot.attempt}
-	if l != nil {
-		ev.Owner, ev.Token = l.entry.Owner, l.token
-	}
-	c.events.emit(ev)
-	c.history.record(store.RunRecord{Job: job, Instance: c.instance, Owner: ev.Owner, Token: ev.Token, Slot: slot.slot,
-		Attempt: slot.attempt, Ended: end, Duration: ev.Duration, Outcome: string(outcome), Err: runErrText(err)})
-}
-
-// runErrText is err as the history keeps it: valid UTF-8 without NUL, at most
-// maxRunErr characters.
-func runErrText(err string) string {
-	err = strings.ReplaceAll(strings.ToValidUTF8(err, "\uFFFD"), "\x00", "")
-	if utf8.RuneCountInString(err) <= maxRunErr {
-		return err
-	}
-	runes := []rune(err)
-	return string(runes[:maxRunErr])
-}
-
-// history writes a client's runs and skip counts to its store in the background, on a
-// goroutine started at the first record. Its methods do nothing on a nil history
-// (recording off).
-type history struct {
-	store     store.Store
+// History writes a client's runs and skip counts to its store in the background, on a
+// goroutine started at the first record. Its methods do nothing on a nil History
+// (recording off). It is safe for concurrent use.
+type History struct {
+	store     Store
 	logger    *slog.Logger
 	instance  string
 	retention time.Duration
@@ -63,9 +32,9 @@ type history struct {
 	cancel    context.CancelFunc
 
 	mu      sync.Mutex
-	runs    []store.RunRecord
+	runs    []RunRecord
 	dropped int // runs dropped since the last write, maxPendingRuns being reached
-	skips   map[skipKey]*store.SkipCount
+	skips   map[skipKey]*SkipCount
 	flushed time.Time // the last write of skips, real clock
 	started bool
 	closed  bool
@@ -75,22 +44,22 @@ type history struct {
 
 type skipKey struct {
 	job    string
-	reason Reason
+	reason string
 }
 
-// newHistory returns the history writer of a client on store, or nil when retention
-// is 0.
-func newHistory(b store.Store, logger *slog.Logger, instance string, retention time.Duration) *history {
+// NewHistory returns the history writer of a client of instance on b, or nil when
+// retention is 0.
+func NewHistory(b Store, logger *slog.Logger, instance string, retention time.Duration) *History {
 	if retention == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &history{store: b, logger: logger, instance: instance, retention: retention, ctx: ctx, cancel: cancel,
-		skips: make(map[skipKey]*store.SkipCount), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	return &History{store: b, logger: logger, instance: instance, retention: retention, ctx: ctx, cancel: cancel,
+		skips: make(map[skipKey]*SkipCount), wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-// record queues a run; after Close it is dropped.
-func (h *history) record(r store.RunRecord) {
+// Record queues a run; after Close it is dropped.
+func (h *History) Record(r RunRecord) {
 	if h == nil {
 		return
 	}
@@ -109,8 +78,8 @@ func (h *history) record(r store.RunRecord) {
 	h.signal()
 }
 
-// skip counts n skipped ticks (or slots) of job.
-func (h *history) skip(job string, reason Reason, n int) {
+// Skip counts n skipped ticks (or slots) of job.
+func (h *History) Skip(job string, reason string, n int) {
 	if h == nil {
 		return
 	}
@@ -123,7 +92,7 @@ func (h *history) skip(job string, reason Reason, n int) {
 	k := skipKey{job, reason}
 	s := h.skips[k]
 	if s == nil {
-		s = &store.SkipCount{Job: job, Reason: string(reason)}
+		s = &SkipCount{Job: job, Reason: reason}
 		h.skips[k] = s
 	}
 	s.Count += int64(n)
@@ -132,7 +101,7 @@ func (h *history) skip(job string, reason Reason, n int) {
 }
 
 // signal wakes the writer, starting it the first time. h.mu is held.
-func (h *history) signal() {
+func (h *History) signal() {
 	if !h.started {
 		h.started = true
 		go h.write()
@@ -146,7 +115,7 @@ func (h *history) signal() {
 // write is the writer: it writes the runs queued, one statement each, and the skips
 // counted once skipFlushEvery has passed since their last write (at once when
 // closing), until Close.
-func (h *history) write() {
+func (h *History) write() {
 	defer close(h.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -155,7 +124,7 @@ func (h *history) write() {
 		runs, dropped := h.runs, h.dropped
 		h.runs, h.dropped = nil, 0
 		closed := h.closed
-		var skips []store.SkipCount
+		var skips []SkipCount
 		var wait time.Duration
 		if len(h.skips) > 0 {
 			if due := h.flushed.Add(skipFlushEvery); closed || !time.Now().Before(due) {
@@ -202,8 +171,8 @@ func (h *history) write() {
 	}
 }
 
-func (h *history) writeRun(r store.RunRecord) {
-	ctx, cancel := context.WithTimeout(h.ctx, store.Timeout)
+func (h *History) writeRun(r RunRecord) {
+	ctx, cancel := context.WithTimeout(h.ctx, Timeout)
 	defer cancel()
 	if err := h.store.RecordRun(ctx, r, h.retention); err != nil {
 		h.logger.Warn("pglock: job run not recorded", slog.String("key", r.Job), slog.String("owner", r.Owner),
@@ -211,20 +180,20 @@ func (h *history) writeRun(r store.RunRecord) {
 	}
 }
 
-func (h *history) writeSkips(skips []store.SkipCount) {
-	slices.SortFunc(skips, func(a, b store.SkipCount) int {
+func (h *History) writeSkips(skips []SkipCount) {
+	slices.SortFunc(skips, func(a, b SkipCount) int {
 		return cmp.Or(strings.Compare(a.Job, b.Job), strings.Compare(a.Reason, b.Reason))
 	})
-	ctx, cancel := context.WithTimeout(h.ctx, store.Timeout)
+	ctx, cancel := context.WithTimeout(h.ctx, Timeout)
 	defer cancel()
 	if err := h.store.RecordSkips(ctx, h.instance, skips, h.retention); err != nil {
 		h.logger.Warn("pglock: skipped job ticks not counted", slog.Int("jobs", len(skips)), slog.Any("err", err))
 	}
 }
 
-// close is Close's step: it writes what is pending, until ctx ends; then the writes
-// in flight are cancelled and the rest dropped.
-func (h *history) close(ctx context.Context) error {
+// Close is Client.Close's step: it writes what is pending, until ctx ends; then the
+// writes in flight are cancelled and the rest dropped.
+func (h *History) Close(ctx context.Context) error {
 	if h == nil {
 		return nil
 	}
@@ -240,5 +209,5 @@ func (h *history) close(ctx context.Context) error {
 	case h.wake <- struct{}{}:
 	default:
 	}
-	return store.WaitDone(ctx, h.done)
+	return WaitDone(ctx, h.done)
 }
