@@ -16,7 +16,7 @@ import (
 // with a ticket, a release hands the key to the live waiter with the smallest ticket in
 // the same call (a grant, for queueBound), and that waiter claims it with its next
 // poll. A waiter is live while its client polls for it: at least every queueHeartbeat, and at
-// once when the listener hears that its key was granted to it (grantedChannel).
+// once when the listener hears that its key was granted to it (store.Listen).
 
 // queueHeartbeat is how often a fair waiter polls when nothing wakes it: Q/4, so that
 // three lost or late polls in a row do not yet make it look dead.
