@@ -243,7 +243,6 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 	marker, wakes, marking := w.marking()
 	r, abandoned := c.acquireCall(ctx, t, owner, ttl, mark, func(ctx context.Context) (r acquireReply) {
 		if t.permits > 0 {
-			// Client.Semaphore made sure that the store is a backend.
 			r.permit, r.token, r.ok, r.err = c.store.SemAcquire(ctx, key, owner, ttl, t.permits)
 		} else if marking {
 			r.token, r.ok, r.wanted, r.err = marker.AcquireOrWant(ctx, key, owner, ttl)

@@ -159,7 +159,7 @@
 // pool whose default_transaction_isolation is repeatable read or serializable) is sent
 // again in a READ COMMITTED transaction, in one message with its BEGIN and COMMIT so
 // that the server never waits on the client while the statement's row locks are held,
-// up to four tries in all (store_retry.go); Locks' listing, which may have read rows
+// up to four tries in all (internal/store/retry.go); Locks' listing, which may have read rows
 // when it fails, returns the error.
 //
 // # Fenced writes

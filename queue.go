@@ -14,7 +14,7 @@ import (
 // of the database. The order and the handovers are kept by the database
 // (migrations/000014_queue.up.sql): a fair waiter that finds its key held is queued
 // with a ticket, a release hands the key to the live waiter with the smallest ticket in
-// the same call (a grant, for queueBound), and that waiter claims it with its next
+// the same call (a grant, for store.QueueBound), and that waiter claims it with its next
 // poll. A waiter is live while its client polls for it: at least every queueHeartbeat, and at
 // once when the listener hears that its key was granted to it (store.Listen).
 
@@ -26,7 +26,8 @@ const queueHeartbeat = store.QueueBound / 4
 // (the semaphore's) queue, shared by every client of the database: the waiter that
 // arrived first, on any instance, is served first. While a fair waiter is queued,
 // TryAcquire and Acquire without Fair fail even on a free key. With a PostgreSQL store in
-// a transaction of the caller's, Acquire returns an error wrapping errors.ErrUnsupported. See the package doc, # Fair queue.
+// a transaction of the caller's, Acquire returns an error wrapping errors.ErrUnsupported.
+// See the package doc, # Fair queue.
 func Fair() AcquireOption {
 	return acquireOpt{name: "Fair", apply: func(s *settings) error {
 		s.fair = true

@@ -28,7 +28,7 @@ import (
 // isolation as the default, each call is its own REPEATABLE READ or SERIALIZABLE
 // transaction, and one that meets a row changed since its snapshot fails with 40001
 // (SERIALIZABLE also fails on read/write dependencies between calls, on any keys); the
-// pgx store sends such a call again in a READ COMMITTED transaction (store_retry.go),
+// pgx store sends such a call again in a READ COMMITTED transaction (internal/store/retry.go),
 // so that few, if any, reach the caller, and only after four tries; with a small
 // lock_timeout, a call that has to wait for another one on the same key (an INSERT of
 // the same new key, a renewal behind an acquisition's row lock) fails with 55P03. An

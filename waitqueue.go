@@ -98,7 +98,7 @@ func (w *waiter) want(ctx context.Context) bool {
 }
 
 // marking reports whether the waiter's next attempt should mark the key when it finds
-// it held (wantMarker.acquireOrWant): once it is subscribed, while the listener
+// it held (store.Wanter's AcquireOrWant): once it is subscribed, while the listener
 // listens. It returns the marker and the wakes to pass to marked. A nil waiter never
 // marks, nor does a waiter for a permit: it marks with want, after its attempt.
 func (w *waiter) marking() (store.Wanter, uint64, bool) {

@@ -114,6 +114,7 @@ func checkStoreKey(key string) error {
 	return CheckKey(key)
 }
 
+// ValidText reports whether s is valid UTF-8 without a NUL byte: a text PostgreSQL takes.
 func ValidText(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] == 0 {

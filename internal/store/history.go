@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The stores' side of the run history (history.go, history_writer.go).
+// The stores' side of the run history (pglock's history.go, and history_writer.go).
 
 // The PostgreSQL store's history: pglock.Job_runs and pglock.Job_skips (000008). The
 // reads return JSON, one value, so that they go through the store's one-row calls with

@@ -408,21 +408,25 @@ type ObservedRenewals struct {
 	k *Calls
 }
 
+// Renew renews through the renewals, recorded.
 func (w ObservedRenewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (_ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
 	return w.r.Renew(ctx, key, owner, ttl)
 }
 
+// Release releases through the renewals, recorded.
 func (w ObservedRenewals) Release(ctx context.Context, key, owner string) (_ bool, err error) {
 	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
 	return w.r.Release(ctx, key, owner)
 }
 
+// ReleaseMany releases many keys through the renewals, recorded.
 func (w ObservedRenewals) ReleaseMany(ctx context.Context, keys, owners []string) (_ []int, err error) {
 	defer w.k.end(w.k.begin(ctx, "release", 0, false), &err)
 	return w.r.ReleaseMany(ctx, keys, owners)
 }
 
+// RenewMany renews many locks through the renewals, recorded.
 func (w ObservedRenewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (_ []string, err error) {
 	defer w.k.end(w.k.begin(ctx, "renew", ttl, false), &err)
 	return w.r.RenewMany(ctx, keys, owners, ttl)

@@ -232,6 +232,7 @@ func (r *Renewals) Release(ctx context.Context, key, owner string) (ok bool, err
 	return ok, err
 }
 
+// Renew makes a renewal's call (see with).
 func (r *Renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Renew(ctx, key, owner, ttl)
@@ -240,6 +241,7 @@ func (r *Renewals) Renew(ctx context.Context, key, owner string, ttl time.Durati
 	return ok, err
 }
 
+// RenewMany makes a batched renewal's call (see with).
 func (r *Renewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		renewed, err = s.RenewMany(ctx, keys, owners, ttl)
@@ -667,7 +669,7 @@ func (s *postgresStore) ReleaseMany(ctx context.Context, keys, owners []string) 
 	// Asynchronous, as Release, only where the transaction is the statement's own.
 	async := s.inTx == nil || !s.inTx()
 	// Read as text through queryKeys, whose rows are read whole and read again when
-	// the statement is sent again after a rollback (store_retry.go): a statement that
+	// the statement is sent again after a rollback (retry.go): a statement that
 	// changes rows must be retried as Release is.
 	positions, err := s.queryKeys(ctx, `SELECT i::text FROM pglock.lock_release_many($1::text[], $2::text[], $3) AS i`,
 		s.array(keys), s.array(owners), async)
@@ -765,6 +767,7 @@ type SendMark struct {
 
 type sendMarkKey struct{}
 
+// WithSendMark returns ctx carrying m, for an acquisition's store call.
 func WithSendMark(ctx context.Context, m *SendMark) context.Context {
 	return context.WithValue(ctx, sendMarkKey{}, m)
 }

@@ -132,7 +132,7 @@ func checkQueueCall(t Target, owner string, ttl time.Duration) error {
 	return checkCall(t.Key, owner, ttl)
 }
 
-// checkReleaseMany checks the arguments of backend.releaseMany, as checkCall does
+// checkReleaseMany checks the arguments of Store.ReleaseMany, as checkCall does
 // one lock's and checkSemCall one permit's.
 func checkReleaseMany(keys, owners []string) error {
 	if len(keys) != len(owners) || len(keys) > MaxReleaseMany {
@@ -156,7 +156,7 @@ func checkReleaseMany(keys, owners []string) error {
 // (pglock.lock_release_many's limit).
 const MaxReleaseMany = 1000
 
-// checkRenewMany checks the arguments of backend.renewMany, as checkCall does one
+// checkRenewMany checks the arguments of Store.RenewMany, as checkCall does one
 // lock's.
 func checkRenewMany(keys, owners []string, ttl time.Duration) error {
 	if len(keys) != len(owners) {
