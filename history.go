@@ -127,16 +127,18 @@ func jobRunOf(r store.JobRun) JobRun {
 		Outcome: Outcome(r.Outcome), Err: r.Err, Slot: r.Slot, Attempt: r.Attempt}
 }
 
+// jobRunRef returns *r as a *JobRun, nil for nil.
+func jobRunRef(r *store.JobRun) *JobRun {
+	if r == nil {
+		return nil
+	}
+	run := jobRunOf(*r)
+	return &run
+}
+
 func jobStatusOf(j store.JobStatus) JobStatus {
-	s := JobStatus{Job: j.Job, Slots: (*JobSlots)(j.Slots)}
-	if j.LastRun != nil {
-		r := jobRunOf(*j.LastRun)
-		s.LastRun = &r
-	}
-	if j.LastFailure != nil {
-		r := jobRunOf(*j.LastFailure)
-		s.LastFailure = &r
-	}
+	s := JobStatus{Job: j.Job, LastRun: jobRunRef(j.LastRun), LastFailure: jobRunRef(j.LastFailure),
+		Slots: (*JobSlots)(j.Slots)}
 	for _, k := range j.Skips {
 		s.Skips = append(s.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count, Last: k.Last})
 	}
