@@ -212,6 +212,47 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	}
 }
 
+// BenchmarkAcquireReleaseBreakdown splits BenchmarkAcquireRelease's cycle between the
+// client and the server, interleaved in one run: the subject is TryAcquire + Release on
+// a ctx that can end (as a user's), against the same with context.Background() (no
+// acquisition goroutine: nothing can end the call early), the two SQL functions the
+// client calls (lock_acquire, lock_release_async) sent through the same pool (the
+// server's share and pgx's), the seed's SQL and two durable UPDATEs.
+func BenchmarkAcquireReleaseBreakdown(b *testing.B) {
+	for _, goroutines := range []int{1, 16} {
+		b.Run("goroutines="+strconv.Itoa(goroutines), func(b *testing.B) {
+			pool := pglocktest.Postgres(b)
+			c := newClient(b, pglock.NewPostgresStore(pool), pglock.TTL(time.Minute))
+			createBenchRows(b, pool, goroutines)
+			background := acquireRelease(c, goroutines)
+			cycle := background.run
+			background.name = "background"
+			background.run = func(_ context.Context, g int) error { return cycle(context.Background(), g) }
+			functions := benchOp{name: "functions", goroutines: goroutines, run: func(ctx context.Context, g int) error {
+				key, owner := "bench:functions:"+strconv.Itoa(g), "functions/"+strconv.Itoa(g)
+				var token *int64
+				if err := pool.QueryRow(ctx, "SELECT pglock.lock_acquire($1, $2, 60000)", key, owner).Scan(&token); err != nil {
+					return err
+				}
+				if token == nil {
+					return fmt.Errorf("lock_acquire %s: not acquired", key)
+				}
+				var ok bool
+				if err := pool.QueryRow(ctx, "SELECT pglock.lock_release_async($1, $2)", key, owner).Scan(&ok); err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("lock_release_async %s: not released", key)
+				}
+				return nil
+			}}
+			ops := []benchOp{acquireRelease(c, goroutines), background, functions, seedSQL(b, pool, goroutines), update2(pool, goroutines), selectOne(pool, goroutines)}
+			warmUp(b, ops...)
+			reportVs(b, ops, interleave(b, ops...))
+		})
+	}
+}
+
 // BenchmarkPermitVsLock times Semaphore.TryAcquire + Release of a permit against
 // Client.TryAcquire + Release of a plain lock (the ns/op is the permit's; vs-lock is
 // the ratio), interleaved in one run: each goroutine on a semaphore of its own (4

@@ -9,9 +9,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
@@ -388,4 +390,56 @@ func TestSQLGeneratorRendersWhatLaterMigrationsMayChange(t *testing.T) {
 			require.ErrorContains(t, err, c.err)
 		})
 	}
+}
+
+// A fair waiter whose queueing commits between lock_acquire's read of the key's row and
+// its statement that takes the key wins: the key's lease ended (its holder died), the
+// read found it free and no waiter queued, and the statement, which waits here for the
+// waiter's transaction (a table lock it holds), finds the row queued.
+func TestSQLAPlainAcquisitionLosesToAWaiterThatQueuedAfterItsRead(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	dbURL := pglocktest.PostgresURL(t)
+	pool := pglocktest.Pool(t, dbURL, 4)
+	var token int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'died', 300)").Scan(&token))
+
+	waiter, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer waiter.Rollback(context.WithoutCancel(ctx))
+	_, err = waiter.Exec(ctx, "LOCK TABLE pglock.locks IN SHARE MODE")
+	require.NoError(t, err)
+	var ticket int64
+	require.NoError(t, waiter.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('k', 'fair', 60000, 0)").Scan(&ticket))
+	require.Positive(t, ticket, "queued behind the holder")
+
+	var expired bool // on the database clock: the holder's lease ends
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_sleep(0.35), NOT EXISTS (SELECT FROM pglock.lock_holder('k') WHERE owner IS NOT NULL)").Scan(nil, &expired))
+	require.True(t, expired)
+
+	plain := make(chan *int64, 1)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int32
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	go func() {
+		var got *int64
+		assert.NoError(t, conn.QueryRow(ctx, "SELECT pglock.lock_acquire('k', 'plain', 60000)").Scan(&got))
+		plain <- got
+	}()
+	// The plain acquisition has read the row (the committed one: free, not queued) and
+	// waits for the table lock to take it.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted AND relation = 'pglock.locks'::regclass)", pid).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, waiter.Commit(ctx))
+
+	require.Nil(t, <-plain, "a plain acquisition took a key a fair waiter had queued for")
+	var claimed *int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT fencing_token FROM pglock.queue_poll('k', $1)", ticket).Scan(&claimed))
+	require.NotNil(t, claimed, "the waiter takes the key at its poll")
+	require.Greater(t, *claimed, token)
 }

@@ -362,3 +362,67 @@ func TestBrowserTimelineLanesAndFailureColour(t *testing.T) {
 
 	require.Equal(t, "warehouse said 502", eval[string](tb, `document.querySelector("#runs tr.error td.err").textContent`))
 }
+
+func TestBrowserSlotLaneShowsWhoRanEachSlotAndHow(t *testing.T) {
+	t.Parallel()
+	pool := newDatabase(t)
+	h := runSlots(t, pool)
+	root := serve(t, newClient(t, pool, "web-1"), pglockui.WithJobs(h.job))
+	current, retried := h.latest(t, h.current), h.latest(t, h.retry)
+	stamp := func(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
+
+	tb := newTab(t)
+	tb.open(root + "jobs/" + url.PathEscape(slotJob) + "?window=24h")
+	tb.live(1) // what the user sees after a live update too
+	tb.waitFor(2*time.Second, `document.querySelectorAll("svg.timeline g.slots circle.slot").length === 2`, "a mark for each slot that ran")
+	require.Equal(t, "slots", eval[string](tb, `document.querySelector("svg.timeline g.slots text.instance").textContent`))
+	require.True(t, eval[bool](tb, `document.querySelector("svg.timeline g.slots").getBoundingClientRect().bottom <=
+		document.querySelector("svg.timeline g.lane").getBoundingClientRect().top + 1`), "the slots' lane above the instances'")
+
+	type mark struct {
+		Instance string  `json:"instance"`
+		Outcome  string  `json:"outcome"`
+		Attempt  string  `json:"attempt"`
+		Class    string  `json:"class"`
+		Title    string  `json:"title"`
+		Width    float64 `json:"width"`
+		Fill     string  `json:"fill"`
+	}
+	markOf := func(slot time.Time) mark {
+		t.Helper()
+		return eval[mark](tb, `(() => { const c = document.querySelector(`+js(`svg.timeline g.slots circle.slot[data-slot="`+stamp(slot)+`"]`)+`);
+			return c && {instance: c.dataset.instance, outcome: c.dataset.outcome, attempt: c.dataset.attempt, class: c.getAttribute("class"),
+				title: c.querySelector("title").textContent, width: c.getBoundingClientRect().width, fill: getComputedStyle(c).fill} })()`)
+	}
+	okFill := eval[string](tb, `getComputedStyle(document.querySelector("figcaption .outcome.ok")).backgroundColor`)
+
+	m := markOf(h.current)
+	require.Equal(t, mark{Instance: "worker-a", Outcome: "ok", Attempt: "1", Class: "slot ok", Title: m.Title, Width: m.Width, Fill: okFill}, m)
+	require.Contains(t, m.Title, fmt.Sprintf("ok on worker-a, token %d, attempt 1", current.Token))
+	require.GreaterOrEqual(t, m.Width, 5.0, "a mark one can see")
+
+	m = markOf(h.retry)
+	require.Equal(t, retried.Instance, m.Instance, "the instance of the slot's latest attempt")
+	require.Equal(t, "ok", m.Outcome)
+	require.Equal(t, "2", m.Attempt)
+	require.Equal(t, "slot ok retry", m.Class)
+	require.Equal(t, okFill, m.Fill)
+	require.Contains(t, m.Title, fmt.Sprintf("token %d, attempt 2 (retried)", retried.Token))
+
+	// worker-b ran nothing here but found the slot claimed: it has a lane, with a mark.
+	require.Positive(t, eval[float64](tb, `document.querySelector('svg.timeline g.lane[data-instance="worker-b"] circle.skip.slot-claimed').getBoundingClientRect().width`))
+
+	// The same, as text: the slots' table and summary.
+	cell := func(slot time.Time, class string) string {
+		t.Helper()
+		return eval[string](tb, `document.querySelector(`+js(`#slots tr[data-slot="`+stamp(slot)+`"] td.`+class)+`).innerText`)
+	}
+	require.Equal(t, "worker-a", cell(h.current, "instance"))
+	require.Equal(t, strconv.FormatInt(current.Token, 10), cell(h.current, "token"))
+	require.Equal(t, "ok", cell(h.current, "outcome"))
+	require.Equal(t, "2 retried", cell(h.retry, "attempt"))
+	require.Contains(t, cell(h.retry, "earlier"), "1: error on worker-a")
+	require.Contains(t, eval[string](tb, `document.querySelector("dl.slots dd.catch-up").innerText`), "CatchUp(1): the latest missed slot runs once")
+	require.Contains(t, eval[string](tb, `document.querySelector("dl.slots dd.missed").innerText`), "worker-a counted 1")
+	require.Contains(t, eval[string](tb, `document.querySelector("dl.slots dd.claimed").innerText`), "worker-b ×1")
+}

@@ -17,7 +17,7 @@
 //
 //	GET  /                 the locks and semaphores' permits (also /locks): ?prefix=, ?sort=key|-key|instance|token|held|expires|waiting (- for descending), ?page=N (100 rows a page)
 //	GET  /jobs             every job with history
-//	GET  /jobs/{key}       a job's timeline and runs (key path-escaped); ?window=1h|24h
+//	GET  /jobs/{key}       a job's timeline, slots and runs (key path-escaped); ?window=1h|24h
 //	GET  /elections        the leaders, when the client lists its elections
 //	GET  /static/…         the embedded style sheet and script
 //	POST /locks/release    force-release: form field key, and permit (1 to pglock.MaxPermits) for a semaphore's permit
@@ -33,6 +33,20 @@
 // at most a second and one request old; the countdowns move every second in between.
 // A database that does not answer shows as a banner (role="alert", status 503)
 // instead of the data, until it answers again.
+//
+// # Slots
+//
+// The page of a job with a schedule (pglock.Cron, pglock.Every) shows its slots. On the
+// timeline, a lane of the slots above the instances' lanes has a mark at each slot that
+// ran, in the colour of its latest attempt's outcome (dashed for a retry); an
+// instance's lane marks its counts of ticks that found their slot claimed and of slots
+// missed, at the last one. Below, a table lists each slot with the instance, token,
+// attempt and outcome of its latest attempt and the attempts before it, beside the
+// slots' counts (pglock.JobStatus.Slots). The slots come from the run history: a slot
+// whose run was not recorded (its holder died, or the history is off) has no mark, and
+// the skipped and missed slots are counts, not times. A job's slot policy (schedule,
+// catch-up, deadline, attempts) is not in the database: the page shows it for the jobs
+// given to WithJobs.
 //
 // # Security
 //

@@ -316,6 +316,7 @@ type jobData struct {
 	Windows  []string
 	Timeline timeline
 	Runs     []pglock.JobRun
+	Slots    *slotsData // nil for a job without slots
 }
 
 // runsLimit is how many runs a job's page reads: the most JobRuns returns.
@@ -341,12 +342,27 @@ func (c *console) job(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, "job", p)
 		return
 	}
+	// The job's slot counts and skips: JobStatuses reads every job's, in one statement.
+	statuses, err := c.client.JobStatuses(ctx)
+	if c.storeFailed(r, p, err) {
+		c.render(w, r, "job", p)
+		return
+	}
+	var status *pglock.JobStatus
+	if i := slices.IndexFunc(statuses, func(s pglock.JobStatus) bool { return s.Job == key }); i >= 0 {
+		status = &statuses[i]
+	}
+	var policy *pglock.SlotPolicy
+	if sp, ok := c.policies[key]; ok {
+		policy = &sp
+	}
+	slots := slotsOf(runs, status, policy)
 	now := time.Now()
 	if len(runs) > 0 && runs[0].Ended.After(now) { // the store's clock ahead of ours
 		now = runs[0].Ended
 	}
 	p.Data = jobData{Job: key, Window: window, Windows: []string{"1h", "24h"},
-		Timeline: layoutTimeline(runs, now.Add(-span), now), Runs: runs}
+		Timeline: layoutTimeline(runs, slots, now.Add(-span), now), Runs: runs, Slots: slots}
 	c.render(w, r, "job", p)
 }
 
@@ -406,14 +422,18 @@ func human(d time.Duration) string {
 }
 
 var funcs = template.FuncMap{
-	"human":    human,
-	"stamp":    stamp,
-	"clock":    func(t time.Time) string { return t.Local().Format("15:04:05") },
-	"ms":       func(d time.Duration) int64 { return d.Milliseconds() },
-	"path":     url.PathEscape,
-	"sub":      func(a, b time.Time) time.Duration { return a.Sub(b) },
-	"sub2":     func(a, b float64) float64 { return a - b },
-	"runTitle": runTitle,
+	"human":      human,
+	"stamp":      stamp,
+	"clock":      func(t time.Time) string { return t.Local().Format("15:04:05") },
+	"ms":         func(d time.Duration) int64 { return d.Milliseconds() },
+	"path":       url.PathEscape,
+	"sub":        func(a, b time.Time) time.Duration { return a.Sub(b) },
+	"sub2":       func(a, b float64) float64 { return a - b },
+	"runTitle":   runTitle,
+	"runClass":   runClass,
+	"slotTitle":  slotTitle,
+	"skipTitle":  skipTitle,
+	"slotCounts": slotCounts,
 }
 
 // parsePages parses each page's template with the layout.

@@ -47,6 +47,28 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithJobs gives the console jobs of this process, so that the page of a job with a
+// schedule (pglock.Cron, pglock.Every) shows its slot policy: schedule, catch-up,
+// deadline and attempts, which the database does not keep. Jobs without a schedule
+// change nothing. A nil job makes New return an error wrapping
+// pglock.ErrInvalidArgument.
+func WithJobs(jobs ...*pglock.Job) Option {
+	return func(c *console) error {
+		for _, j := range jobs {
+			if j == nil {
+				return fmt.Errorf("%w: pglockui: WithJobs: nil *pglock.Job", pglock.ErrInvalidArgument)
+			}
+			if p, ok := j.SlotPolicy(); ok {
+				if c.policies == nil {
+					c.policies = make(map[string]pglock.SlotPolicy)
+				}
+				c.policies[j.Key()] = p
+			}
+		}
+		return nil
+	}
+}
+
 // elections is what the console asks of a client that lists its elections.
 type elections interface {
 	Elections(ctx context.Context) ([]pglock.LockInfo, error)
@@ -60,6 +82,7 @@ type console struct {
 	client    *pglock.Client
 	authorize func(r *http.Request) bool
 	logger    *slog.Logger
+	policies  map[string]pglock.SlotPolicy // WithJobs', by job
 	pages     map[string]*template.Template
 }
 

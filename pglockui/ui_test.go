@@ -137,15 +137,23 @@ func TestUserDataIsEscaped(t *testing.T) {
 	t.Parallel()
 	pool := newDatabase(t)
 	c := newClient(t, pool, `web"><img src=x onerror=alert(2)>`)
-	root := serve(t, c, pglockui.WithAuthorize(func(*http.Request) bool { return true }))
+	slotted := "slots:<b>bold</b>"
+	sj, err := c.Job(slotted, func(context.Context) error { return errors.New(`<img src=x onerror="alert(4)">`) }, pglock.Every(time.Hour))
+	require.NoError(t, err)
+	root := serve(t, c, pglockui.WithAuthorize(func(*http.Request) bool { return true }), pglockui.WithJobs(sj))
 	key := "<script>alert(1)</script>"
 	holder(t, c, key, time.Minute)
 	job := "job:<b>bold</b>"
 	runJob(t, c, job, func(context.Context) error { return errors.New(`<img src=x onerror="alert(3)"> & </td></tr></table>`) })
+	require.Error(t, sj.Run(t.Context()))
+	require.Eventually(t, func() bool {
+		runs, err := c.JobRuns(t.Context(), slotted, 1)
+		return err == nil && len(runs) == 1
+	}, 5*time.Second, 10*time.Millisecond, "the slot's run recorded")
 
 	pages := map[string]string{
 		"locks": "", "locks under the key as prefix": "?prefix=" + url.QueryEscape(key),
-		"jobs": "jobs", "job": "jobs/" + url.PathEscape(job),
+		"jobs": "jobs", "job": "jobs/" + url.PathEscape(job), "job with slots": "jobs/" + url.PathEscape(slotted),
 	}
 	for name, path := range pages {
 		status, body := get(t, root, path)
@@ -161,6 +169,10 @@ func TestUserDataIsEscaped(t *testing.T) {
 	_, body = get(t, root, "jobs/"+url.PathEscape(job))
 	require.Contains(t, body, `&lt;img src=x onerror=&#34;alert(3)&#34;&gt; &amp; &lt;/td&gt;&lt;/tr&gt;&lt;/table&gt;`)
 	require.Contains(t, body, `<title>error on web&#34;&gt;&lt;img`, "the bar's tooltip too")
+	_, body = get(t, root, "jobs/"+url.PathEscape(slotted))
+	require.Contains(t, body, `data-instance="web&#34;&gt;&lt;img src=x onerror=alert(2)&gt;" data-outcome="error"`, "the slot's mark")
+	require.Contains(t, body, `: error on web&#34;&gt;&lt;img src=x onerror=alert(2)&gt;, token`, "its tooltip")
+	require.Contains(t, body, `<td class="instance">web&#34;&gt;&lt;img src=x onerror=alert(2)&gt;</td>`, "the slots' table")
 }
 
 func TestActionsRefusedChangeNothing(t *testing.T) {
@@ -353,6 +365,7 @@ func TestNewRefusesBadInput(t *testing.T) {
 		{"nil client", nil, nil, "pglockui: New: nil *pglock.Client"},
 		{"nil option", c, []pglockui.Option{nil}, "nil Option"},
 		{"nil authorize", c, []pglockui.Option{pglockui.WithAuthorize(nil)}, "WithAuthorize: nil func"},
+		{"nil job", c, []pglockui.Option{pglockui.WithJobs(nil)}, "WithJobs: nil *pglock.Job"},
 	}
 	for _, tc := range cases {
 		h, err := pglockui.New(tc.client, tc.opts...)
