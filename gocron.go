@@ -63,7 +63,7 @@ type GocronElector struct {
 
 // IsLeader returns nil on the leader (taking the lease if it is free), an error matching
 // ErrNotAcquired where another instance leads or where the lease cannot vouch for this
-// run (ReasonLeaseInDoubt), ErrClosed once Close has begun, or a store error. ctx bounds
+// run (SkipLeaseInDoubt), ErrClosed once Close has begun, or a store error. ctx bounds
 // its store call. gocron calls it before each run.
 func (e *GocronElector) IsLeader(ctx context.Context) error {
 	e.mu.Lock()

@@ -46,7 +46,7 @@ type JobSlots struct {
 // JobSkips counts the ticks of a job that one instance skipped for one reason.
 type JobSkips struct {
 	Instance string
-	Reason   Reason
+	Reason   SkipReason
 	Count    int64     // skipped ticks counted within the retention
 	Last     time.Time // the last one counted, on the store's clock
 }

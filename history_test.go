@@ -180,7 +180,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 	require.Equal(t, job, s.Job)
 	require.Len(t, s.Skips, 1)
 	require.Equal(t, "other", s.Skips[0].Instance)
-	require.Equal(t, pglock.ReasonOtherInstance, s.Skips[0].Reason)
+	require.Equal(t, pglock.SkipOtherInstance, s.Skips[0].Reason)
 	require.EqualValues(t, 7, s.Skips[0].Count)
 	require.WithinRange(t, s.Skips[0].Last, start.Add(-time.Minute), start.Add(20*time.Millisecond)) // the client's clock against the database's
 	require.NotNil(t, s.LastRun)
@@ -204,7 +204,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 	require.EqualValues(t, 10, jobs[0].Skips[0].Count)
 }
 
-// A run in progress skips the next tick with ReasonRunInProgress; Jobs says what
+// A run in progress skips the next tick with SkipRunInProgress; Jobs says what
 // failed last even when the last run did not fail.
 func TestJobRunHistoryLastFailureAndRunInProgress(t *testing.T) {
 	t.Parallel()
@@ -246,7 +246,7 @@ func TestJobRunHistoryLastFailureAndRunInProgress(t *testing.T) {
 	require.Equal(t, pglock.OutcomeError, jobs[0].LastFailure.Outcome)
 	require.Equal(t, "warehouse API: 503", jobs[0].LastFailure.Err)
 	require.True(t, jobs[0].LastFailure.Ended.Before(jobs[0].LastRun.Started.Add(20*time.Millisecond))) // the clocks' slack
-	require.Equal(t, []pglock.JobSkips{{Instance: "solo", Reason: pglock.ReasonRunInProgress, Count: 1,
+	require.Equal(t, []pglock.JobSkips{{Instance: "solo", Reason: pglock.SkipRunInProgress, Count: 1,
 		Last: jobs[0].Skips[0].Last}}, jobs[0].Skips)
 }
 
@@ -432,7 +432,7 @@ func TestJobRunHistoryInMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
 	require.Equal(t, runs[0], *jobs[0].LastFailure)
-	require.Equal(t, []pglock.JobSkips{{Instance: "b", Reason: pglock.ReasonOtherInstance, Count: 2, Last: jobs[0].Skips[0].Last}},
+	require.Equal(t, []pglock.JobSkips{{Instance: "b", Reason: pglock.SkipOtherInstance, Count: 2, Last: jobs[0].Skips[0].Last}},
 		jobs[0].Skips)
 }
 

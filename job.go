@@ -137,7 +137,7 @@ func (j *Job) underLease(ctx context.Context) (_ context.Context, stop func(), _
 // gated calls run through the job's run lock (WithoutOverlapping) or a permit of
 // AtMost's semaphore, or as a section of its own without either: started false, with
 // the reason, when the tick is skipped because a run holds them.
-func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped Reason, err error) {
+func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped SkipReason, err error) {
 	if !j.runLock && j.limit == nil {
 		ctx, s, err := j.c.enter(ctx)
 		if err != nil {
@@ -148,9 +148,9 @@ func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (s
 	}
 	with, full := func(ctx context.Context, fn func(context.Context) error, opts ...AcquireOption) error {
 		return j.c.WithLock(ctx, j.key, fn, opts...)
-	}, ReasonRunInProgress
+	}, SkipRunInProgress
 	if j.limit != nil {
-		with, full = j.limit.WithPermit, ReasonLimitReached
+		with, full = j.limit.WithPermit, SkipLimitReached
 	}
 	err = with(ctx, func(ctx context.Context) error {
 		started = true
@@ -219,30 +219,56 @@ func checkJobKey(key string) error {
 	return nil
 }
 
+// SkipReason says why a job's tick was skipped (Event.SkipReason, JobSkips.Reason): a
+// value that stays the same from release to release, as the run history stores it.
+type SkipReason string
+
+const (
+	// SkipOtherInstance: another instance holds the job's lease (OnOneInstance,
+	// GocronLocker) or leads (GocronElector).
+	SkipOtherInstance SkipReason = "other-instance"
+	// SkipRunInProgress: a run of the job still holds its run lock
+	// (WithoutOverlapping), on this instance or another.
+	SkipRunInProgress SkipReason = "run-in-progress"
+	// SkipLimitReached: AtMost(n) runs of the job were in progress, on this instance
+	// or others.
+	SkipLimitReached SkipReason = "limit-reached"
+	// SkipLeaseInDoubt: the job's lease could not vouch that no other instance ran
+	// the tick: its take came late, or its renewal was overdue (see the package doc,
+	// # Jobs).
+	SkipLeaseInDoubt SkipReason = "lease-in-doubt"
+	// SkipSlotClaimed: another tick, on this instance or another, claimed the tick's
+	// slot first (Cron, Every).
+	SkipSlotClaimed SkipReason = "slot-claimed"
+	// SkipSlotMissed: slots of a job with a schedule were missed: no tick claimed
+	// them in their Deadline, and CatchUp did not run them (Event.Count says how many).
+	SkipSlotMissed SkipReason = "slot-missed"
+)
+
 // skippedMessages are the log messages of skipped ticks, by reason.
-var skippedMessages = map[Reason]string{
-	ReasonOtherInstance: "pglock: skipped job: it runs on another instance",
-	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
-	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
-	ReasonLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
-	ReasonSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
-	ReasonSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
+var skippedMessages = map[SkipReason]string{
+	SkipOtherInstance: "pglock: skipped job: it runs on another instance",
+	SkipRunInProgress: "pglock: skipped job: a run is still in progress",
+	SkipLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
+	SkipLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
+	SkipSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
+	SkipSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).
-func (c *Client) skipped(job string, reason Reason) {
+func (c *Client) skipped(job string, reason SkipReason) {
 	c.skippedSlot(job, reason, time.Time{}, 1)
 }
 
 // skippedSlot reports n skipped ticks or slots of job, the last of them slot (zero
 // for a job without a schedule).
-func (c *Client) skippedSlot(job string, reason Reason, slot time.Time, n int) {
+func (c *Client) skippedSlot(job string, reason SkipReason, slot time.Time, n int) {
 	attrs := []any{slog.String("key", job), slog.String("reason", string(reason))}
 	if !slot.IsZero() {
 		attrs = append(attrs, slog.Time("slot", slot), slog.Int("slots", n))
 	}
 	c.logger.Debug(skippedMessages[reason], attrs...)
 	c.health.count(EventJobSkipped)
-	c.events.emit(Event{Type: EventJobSkipped, Key: job, Reason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
+	c.events.emit(Event{Type: EventJobSkipped, Key: job, SkipReason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
 	c.history.skip(job, reason, n)
 }

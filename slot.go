@@ -83,7 +83,7 @@ func Every(d time.Duration) JobOption {
 
 // CatchUp makes a tick that finds slots nobody claimed since the last claimed one run
 // the latest n of them, oldest first, before its own; the others count as missed
-// (ReasonSlotMissed). CatchUp(1) runs the latest missed slot once. Without it, every
+// (SkipSlotMissed). CatchUp(1) runs the latest missed slot once. Without it, every
 // missed slot is counted and none run. n is 1 to 1000. It needs Cron or Every.
 func CatchUp(n int) JobOption {
 	return jobOpt{name: "CatchUp", apply: func(s *settings) error {
@@ -375,11 +375,11 @@ func (s *slotted) tick(ctx context.Context) error {
 	}
 	switch r.status {
 	case claimTaken:
-		j.c.skippedSlot(j.key, ReasonSlotClaimed, slot, 1)
+		j.c.skippedSlot(j.key, SkipSlotClaimed, slot, 1)
 		s.watchDue(r)
 		return nil
 	case claimLate:
-		j.c.skippedSlot(j.key, ReasonSlotMissed, slot, 1)
+		j.c.skippedSlot(j.key, SkipSlotMissed, slot, 1)
 	}
 	var catchUp []time.Time
 	if !r.prior.IsZero() {
@@ -392,7 +392,7 @@ func (s *slotted) tick(ctx context.Context) error {
 			missed, catchUp = missed[:len(missed)-1], append(catchUp, m)
 		}
 		if len(missed) > 0 {
-			j.c.skippedSlot(j.key, ReasonSlotMissed, missed[len(missed)-1], len(missed))
+			j.c.skippedSlot(j.key, SkipSlotMissed, missed[len(missed)-1], len(missed))
 		}
 	}
 	var errs []error
@@ -405,9 +405,9 @@ func (s *slotted) tick(ctx context.Context) error {
 		case mr.status == claimClaimed:
 			errs = append(errs, s.run(ctx, m, ml, 1))
 		case mr.status == claimLate:
-			j.c.skippedSlot(j.key, ReasonSlotMissed, m, 1)
+			j.c.skippedSlot(j.key, SkipSlotMissed, m, 1)
 		case mr.status == claimTaken:
-			j.c.skippedSlot(j.key, ReasonSlotClaimed, m, 1)
+			j.c.skippedSlot(j.key, SkipSlotClaimed, m, 1)
 		}
 	}
 	if l != nil {

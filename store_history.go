@@ -184,7 +184,7 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 	}
 	for _, k := range v.Skips {
 		j := st.of(k.Job)
-		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count,
+		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: SkipReason(k.Reason), Count: k.Count,
 			Last: time.UnixMicro(k.LastUS)})
 	}
 	for _, k := range v.Slots {
@@ -204,7 +204,7 @@ type memoryHistory struct {
 
 type memorySkipKey struct {
 	job, instance string
-	reason        Reason
+	reason        SkipReason
 }
 
 func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.Duration) error {

@@ -240,7 +240,7 @@ func TestForceReleaseThroughTheConsole(t *testing.T) {
 	t.Logf("the holder's ctx ended %v after the force-release", time.Since(released).Round(time.Millisecond))
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 
 	next := holder(t, other, "inventory:feed", ttl)
 	require.Greater(t, next.Token(), l.Token())

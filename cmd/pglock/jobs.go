@@ -169,7 +169,7 @@ func skipSummary(skips []pglock.JobSkips) string {
 	if len(skips) == 0 {
 		return "-"
 	}
-	by := map[pglock.Reason]int64{}
+	by := map[pglock.SkipReason]int64{}
 	var reasons []string
 	for _, s := range skips {
 		if by[s.Reason] == 0 {
@@ -180,7 +180,7 @@ func skipSummary(skips []pglock.JobSkips) string {
 	sort.Strings(reasons)
 	parts := make([]string, len(reasons))
 	for i, r := range reasons {
-		parts[i] = r + " " + strconv.FormatInt(by[pglock.Reason(r)], 10)
+		parts[i] = r + " " + strconv.FormatInt(by[pglock.SkipReason(r)], 10)
 	}
 	return strings.Join(parts, ", ")
 }
