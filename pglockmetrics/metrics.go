@@ -305,7 +305,7 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 		h := c.Health()
 		locks += int64(h.LocksHeld - h.PermitsHeld)
 		permits += int64(h.PermitsHeld)
-		led += int64(h.Leading)
+		led += int64(h.ElectionsLed)
 		dropped += h.EventsDropped
 	}
 	o.ObserveInt64(m.held, locks, metric.WithAttributes(attribute.String("kind", KindLock)))
