@@ -24,17 +24,6 @@ const (
 	EventJobRegistered      EventType = "job registered"      // a job was registered here (Client.Job, a GocronLocker's first Lock of a job name); Key is the job's
 )
 
-// Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the
-// same from release to release.
-type Outcome string
-
-const (
-	OutcomeOK       Outcome = "ok"       // fn returned nil and no lock was lost
-	OutcomeError    Outcome = "error"    // fn returned an error
-	OutcomePanicked Outcome = "panicked" // fn panicked; the panic goes on up the stack after it is recorded
-	OutcomeLost     Outcome = "lost"     // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
-)
-
 // Event is something that happened to a lock, a job or an election of a Client. See
 // WithEventHandler.
 type Event struct {

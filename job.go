@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 	"unicode/utf8"
+
+	"github.com/go-co-op/gocron/v2"
 )
 
 // leaseSuffix ends the key of a job's lease: the lease of job "k" is the lock "k:owner".
@@ -116,6 +118,47 @@ func (j *Job) Run(ctx context.Context) error {
 	return err
 }
 
+// Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
+// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
+// it with GocronOptions(j.Key()); a job with a schedule (Cron, Every) registers itself
+// with Job.Schedule instead (see the package doc, # Jobs).
+func (j *Job) Task() gocron.Task {
+	return gocron.NewTask(j.Run)
+}
+
+// Schedule registers the job with s on its own schedule (Cron or Every): the job
+// definition, Task, GocronOptions(j.Key()), for Every a start on the next slot, and
+// for CatchUp a run at once, so that slots missed while every instance was down are
+// caught up when the first comes back; opts are appended. Errors: ErrInvalidArgument
+// for a job without a schedule or a nil s, or gocron's error.
+func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job, error) {
+	if j.slots == nil {
+		return nil, invalidArg("Job %q: Schedule: the job has no schedule: give Cron or Every", j.key)
+	}
+	if s == nil {
+		return nil, invalidArg("Job %q: Schedule: nil scheduler", j.key)
+	}
+	sc := j.slots.sched
+	all := GocronOptions(j.key)
+	if sc.cron == nil {
+		start := sc.next(time.Now().Add(10 * time.Millisecond))
+		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
+	}
+	all = append(all, opts...)
+	gj, err := s.NewJob(sc.definition(), j.Task(), all...)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
+	}
+	if j.slots.catchUp > 0 {
+		_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), j.Task(),
+			gocron.WithName(j.key), gocron.WithSingletonMode(gocron.LimitModeReschedule))
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("pglock: Job %q: Schedule its catch-up: %w", j.key, err), s.RemoveJob(gj.ID()))
+		}
+	}
+	return gj, nil
+}
+
 // underLease holds the job's lease for a tick, if it has one, and returns ctx under it
 // (FromContext gives the lease) and the stop of that ctx; a nil ctx, with a nil error,
 // when the tick is skipped (hold logged and emitted why).
@@ -218,6 +261,17 @@ func checkJobKey(key string) error {
 	}
 	return nil
 }
+
+// Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the
+// same from release to release.
+type Outcome string
+
+const (
+	OutcomeOK       Outcome = "ok"       // fn returned nil and no lock was lost
+	OutcomeError    Outcome = "error"    // fn returned an error
+	OutcomePanicked Outcome = "panicked" // fn panicked; the panic goes on up the stack after it is recorded
+	OutcomeLost     Outcome = "lost"     // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
+)
 
 // SkipReason says why a job's tick was skipped (Event.SkipReason, JobSkips.Reason): a
 // value that stays the same from release to release, as the run history stores it.

@@ -143,39 +143,6 @@ type slotRun struct {
 	attempt int
 }
 
-// Schedule registers the job with s on its own schedule (Cron or Every): the job
-// definition, Task, GocronOptions(j.Key()), for Every a start on the next slot, and
-// for CatchUp a run at once, so that slots missed while every instance was down are
-// caught up when the first comes back; opts are appended. Errors: ErrInvalidArgument
-// for a job without a schedule or a nil s, or gocron's error.
-func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job, error) {
-	if j.slots == nil {
-		return nil, invalidArg("Job %q: Schedule: the job has no schedule: give Cron or Every", j.key)
-	}
-	if s == nil {
-		return nil, invalidArg("Job %q: Schedule: nil scheduler", j.key)
-	}
-	sc := j.slots.sched
-	all := GocronOptions(j.key)
-	if sc.cron == nil {
-		start := sc.next(time.Now().Add(10 * time.Millisecond))
-		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
-	}
-	all = append(all, opts...)
-	gj, err := s.NewJob(sc.definition(), j.Task(), all...)
-	if err != nil {
-		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
-	}
-	if j.slots.catchUp > 0 {
-		_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), j.Task(),
-			gocron.WithName(j.key), gocron.WithSingletonMode(gocron.LimitModeReschedule))
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("pglock: Job %q: Schedule its catch-up: %w", j.key, err), s.RemoveJob(gj.ID()))
-		}
-	}
-	return gj, nil
-}
-
 // schedule is a job's schedule: a cron expression, or an interval aligned to the epoch.
 type schedule struct {
 	expr  string        // the cron expression as gocron gets it, its zone first; "" for Every
