@@ -101,7 +101,7 @@ func (r runJSON) run() JobRun {
 		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome),
 		Attempt: r.Attempt}
 	if r.Err != nil {
-		run.Err = *r.Err
+		run.Error = *r.Err
 	}
 	if r.SlotMS != nil {
 		run.Slot = time.UnixMilli(*r.SlotMS)
@@ -211,7 +211,7 @@ func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.D
 	now := s.clock.Now()
 	ended := now.Add(-max(time.Since(r.ended), 0))
 	run := JobRun{Job: r.job, Instance: r.instance, Owner: r.owner, Token: r.token, Started: ended.Add(-r.duration),
-		Ended: ended, Outcome: r.outcome, Err: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
+		Ended: ended, Outcome: r.outcome, Error: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -120,8 +120,8 @@ func slotTitle(r slotRow) string {
 		b.WriteString(" (retried)")
 	}
 	fmt.Fprintf(&b, "; started %s after its slot", human(r.Delay()))
-	if r.Last.Err != "" {
-		b.WriteString(": " + r.Last.Err)
+	if r.Last.Error != "" {
+		b.WriteString(": " + r.Last.Error)
 	}
 	return b.String()
 }
