@@ -159,6 +159,17 @@ func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job
 	return gj, nil
 }
 
+// SlotPolicy returns the slot policy of j, and false for a job without a schedule
+// (Cron or Every).
+func (j *Job) SlotPolicy() (SlotPolicy, bool) {
+	s := j.slots
+	if s == nil {
+		return SlotPolicy{}, false
+	}
+	return SlotPolicy{Cron: s.sched.expr, Every: s.sched.every, CatchUp: s.catchUp, Deadline: s.deadline,
+		Attempts: s.attempts, Backoff: s.backoff}, true
+}
+
 // underLease holds the job's lease for a tick, if it has one, and returns ctx under it
 // (FromContext gives the lease) and the stop of that ctx; a nil ctx, with a nil error,
 // when the tick is skipped (hold logged and emitted why).

@@ -127,6 +127,18 @@ func AtLeastOnce(attempts int, backoff time.Duration) JobOption {
 	}}
 }
 
+// SlotPolicy is what a job with a schedule does with its slots, as the options given
+// to Client.Job set it. The store does not keep it: a console or a report that shows
+// it gets it from the Job. See the package doc, # Slots.
+type SlotPolicy struct {
+	Cron     string        // Cron's expression, its zone first ("CRON_TZ=UTC 0 2 * * *"); "" with Every
+	Every    time.Duration // Every's gap between slots; 0 with Cron
+	CatchUp  int           // CatchUp's n; 0: every missed slot is counted and none runs
+	Deadline time.Duration // Deadline's; 0: a slot may start until the next one comes
+	Attempts int           // AtLeastOnce's attempts; 1: at most once
+	Backoff  time.Duration // AtLeastOnce's backoff before the second attempt; 0 without it
+}
+
 // SlotFromContext returns the slot that a job's run stands for, inside the run: the
 // time its schedule names, and true. Elsewhere, and in the run of a job without a
 // schedule, it returns the zero time and false.
