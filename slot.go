@@ -428,8 +428,8 @@ func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx contex
 		return acquireReply{token: r.token, ok: err == nil && r.token > 0, err: err}
 	})
 	switch {
-	case abandoned:
-		return reply, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+	case abandoned: // the call goes on, and writes reply: read it no more
+		return slotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	case ar.err != nil:
 		if mayHaveReached(ar.err) {
 			c.undoAcquire(key, owner, s.j.ttl)
