@@ -22,8 +22,8 @@ type Health struct {
 	LocksHeld int
 	// PermitsHeld is how many of LocksHeld are permits of semaphores.
 	PermitsHeld int
-	// Leading is how many of the client's elections it leads now.
-	Leading int
+	// ElectionsLed is how many of the client's elections it leads now.
+	ElectionsLed int
 	// LastRenewal is when the store last answered a renewal call, on the client's clock;
 	// zero if none yet.
 	LastRenewal time.Time
@@ -62,7 +62,7 @@ func (c *Client) Health() Health {
 	h.EventsDropped = c.events.droppedCount()
 
 	c.health.mu.Lock()
-	h.Leading, h.LastRenewal = c.health.leading, c.health.lastRenewal
+	h.ElectionsLed, h.LastRenewal = c.health.led, c.health.lastRenewal
 	c.health.mu.Unlock()
 	s := c.health.calls.state()
 	h.LastAnswer, h.FailedCall, h.FailedAt = s.answered, s.call, s.at
@@ -87,7 +87,7 @@ type health struct {
 
 	mu          sync.Mutex
 	lastRenewal time.Time
-	leading     int
+	led         int // elections led now
 }
 
 // observeRenewal is the renewer's report of one renewal call: it feeds Health and
@@ -109,11 +109,11 @@ func (h *health) count(t EventType) {
 	switch t {
 	case EventLeadershipAcquired:
 		h.mu.Lock()
-		h.leading++
+		h.led++
 		h.mu.Unlock()
 	case EventLeadershipLost:
 		h.mu.Lock()
-		h.leading--
+		h.led--
 		h.mu.Unlock()
 	}
 }

@@ -27,7 +27,7 @@ type JobRun struct {
 	Started  time.Time // on the store's clock (the database's)
 	Ended    time.Time // on the store's clock
 	Outcome  Outcome
-	Err      string    // the error's text (a panic's value), at most 1000 characters; "" when none
+	Error    string    // the error's text (a panic's value), at most 1000 characters; "" when none
 	Slot     time.Time // the slot it stood for (Cron, Every); zero without
 	Attempt  int       // the slot's attempt, 1 for the first (AtLeastOnce); 0 without a slot
 }
@@ -46,7 +46,7 @@ type JobSlots struct {
 // JobSkips counts the ticks of a job that one instance skipped for one reason.
 type JobSkips struct {
 	Instance string
-	Reason   Reason
+	Reason   SkipReason
 	Count    int64     // skipped ticks counted within the retention
 	Last     time.Time // the last one counted, on the store's clock
 }

@@ -38,7 +38,7 @@ type runRecord struct {
 // skipCount is the skips of one job for one reason counted since the last flush.
 type skipCount struct {
 	job    string
-	reason Reason
+	reason SkipReason
 	count  int64
 	last   time.Time // real clock, as runRecord.ended
 }
@@ -93,7 +93,7 @@ type history struct {
 
 type skipKey struct {
 	job    string
-	reason Reason
+	reason SkipReason
 }
 
 // newHistory returns the history writer of a client on store, or nil when retention
@@ -129,7 +129,7 @@ func (h *history) record(r runRecord) {
 }
 
 // skip counts n skipped ticks (or slots) of job.
-func (h *history) skip(job string, reason Reason, n int) {
+func (h *history) skip(job string, reason SkipReason, n int) {
 	if h == nil {
 		return
 	}

@@ -82,7 +82,7 @@ type registryRow struct {
 func (c *Client) registered(kind, key string) {
 	c.registry.add(registryEntry{kind, key})
 	if kind == kindJob {
-		c.emit(EventJobRegistered, key, nil, "", nil)
+		c.emit(Event{Type: EventJobRegistered, Key: key}, nil)
 	}
 }
 

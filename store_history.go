@@ -101,7 +101,7 @@ func (r runJSON) run() JobRun {
 		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome),
 		Attempt: r.Attempt}
 	if r.Err != nil {
-		run.Err = *r.Err
+		run.Error = *r.Err
 	}
 	if r.SlotMS != nil {
 		run.Slot = time.UnixMilli(*r.SlotMS)
@@ -184,7 +184,7 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 	}
 	for _, k := range v.Skips {
 		j := st.of(k.Job)
-		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count,
+		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: SkipReason(k.Reason), Count: k.Count,
 			Last: time.UnixMicro(k.LastUS)})
 	}
 	for _, k := range v.Slots {
@@ -204,14 +204,14 @@ type memoryHistory struct {
 
 type memorySkipKey struct {
 	job, instance string
-	reason        Reason
+	reason        SkipReason
 }
 
 func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.Duration) error {
 	now := s.clock.Now()
 	ended := now.Add(-max(time.Since(r.ended), 0))
 	run := JobRun{Job: r.job, Instance: r.instance, Owner: r.owner, Token: r.token, Started: ended.Add(-r.duration),
-		Ended: ended, Outcome: r.outcome, Err: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
+		Ended: ended, Outcome: r.outcome, Error: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()
