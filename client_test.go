@@ -232,7 +232,7 @@ func TestWithLockCancelsFnWhenLockIsLost(t *testing.T) {
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
 	require.Equal(t, "payment:42", lost.Key)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 }
 
 func TestWithLockReleasesWhenFnPanics(t *testing.T) {
@@ -423,14 +423,14 @@ func TestFailedRenewalsLoseTheLockAtItsDeadline(t *testing.T) {
 	require.False(t, l.Held())
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
-	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.Equal(t, pglock.LostExpired, lost.Reason)
 	require.NoError(t, c.Close(t.Context()))
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, events, 2)
 	require.Equal(t, pglock.EventAcquired, events[0].Type)
 	require.Equal(t, pglock.EventLost, events[1].Type)
-	require.Equal(t, pglock.ReasonExpired, events[1].Reason)
+	require.Equal(t, pglock.LostExpired, events[1].LostReason)
 	require.Equal(t, l.Token(), events[1].Token)
 }
 

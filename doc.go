@@ -304,24 +304,24 @@
 //   - OnOneInstance: the first instance whose tick comes takes the job's lease, the lock
 //     "<key>:owner", and keeps it, renewed, between ticks for as long as its Client is
 //     up; it runs every tick, and the other instances skip each tick
-//     (ReasonOtherInstance). When the owner dies, its lease expires after the ttl, on
+//     (SkipOtherInstance). When the owner dies, its lease expires after the ttl, on
 //     the database clock, and the first tick after that, on any instance, takes the job
 //     over; when it closes its Client, it hands the lease back at once. Missed ticks are
 //     not caught up.
 //   - WithoutOverlapping: a run holds the run lock "<key>", renewed, from its start to
-//     its end, and a tick that finds it held is skipped (ReasonRunInProgress), on this
+//     its end, and a tick that finds it held is skipped (SkipRunInProgress), on this
 //     instance or any other. Without OnOneInstance it means "any instance, one run at a
 //     time".
 //   - AtMost(n): a run holds a permit of the semaphore of the job's key with n permits,
 //     renewed, from its start to its end, and a tick that finds all n permits held is
-//     skipped (ReasonLimitReached), on this instance or any other. It goes alone: with
+//     skipped (SkipLimitReached), on this instance or any other. It goes alone: with
 //     WithoutOverlapping it would ask for two run limits at once (AtMost(1) is "one run
 //     at a time"), and with OnOneInstance for runs on one instance only, where a limit
 //     across the fleet means nothing. Give each permit rows of its own to fence
 //     (Lock.Permit).
 //
 // The lease vouches that no two instances run the same tick, so a tick it cannot vouch
-// for is skipped (ReasonLeaseInDoubt): on the owner, when its renewal is overdue (the
+// for is skipped (SkipLeaseInDoubt): on the owner, when its renewal is overdue (the
 // store's expiry is less than half a ttl away); on another instance, when its take is
 // answered more than a third of the ttl after the tick began (an owner paused past its
 // lease may have run that tick). Ticks of the same time that fire more than a sixth of
@@ -475,7 +475,7 @@
 // LockInfo and ErrNotHeld. What follows a break, on the store's
 // clock: the key is free at once, so the next acquisition (a waiter is woken as by a
 // release) gets a token greater than the broken one; the holder's next renewal is
-// refused, at which the holder's lock is lost (ReasonRefused) and the ctx of the code
+// refused, at which the holder's lock is lost (LostRefused) and the ctx of the code
 // under it is cancelled, within ttl/3 of the break; a FenceHeld write that runs after
 // the break writes nothing, at once, and a FenceUpdate write with the broken token
 // writes nothing once the new holder wrote its greater token. Until its next renewal
@@ -543,7 +543,7 @@
 // A job with a schedule (Cron, Every) names each scheduled time a slot, and runs each
 // slot once. A tick claims the slot it stands for in one statement (a row of
 // pglock.job_slots, unique per job and slot): of any number of ticks that name it, on
-// any instances, one claims it and runs it; the others skip it (ReasonSlotClaimed). The
+// any instances, one claims it and runs it; the others skip it (SkipSlotClaimed). The
 // slot a tick stands for is read on the database's clock: the schedule's last slot at
 // or before the database's now plus an early tolerance of half the gap to the next
 // slot, a second at most. So the instances' timers may fire any time from that
@@ -560,7 +560,7 @@
 //
 // Slots that no tick claimed (every instance was down, or an OnOneInstance owner died
 // and its lease had not yet expired) are found by the next claim: they count as missed
-// (ReasonSlotMissed), or CatchUp(n) runs the latest n of them first. With CatchUp,
+// (SkipSlotMissed), or CatchUp(n) runs the latest n of them first. With CatchUp,
 // Job.Schedule also runs a tick when the scheduler starts, so that a slot missed while
 // the whole fleet was down runs when the first instance comes back. Deadline makes a
 // slot not started in time count as missed instead.

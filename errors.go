@@ -48,48 +48,20 @@ var (
 	ErrUnsafeQuery = errors.New("pglock: query cannot be fenced safely")
 )
 
-// Reason says why a lock was lost (LockLostError, EventLost), why a job's tick was
-// skipped (EventJobSkipped) or why a leader stepped down (EventLeadershipLost): a
-// short value that stays the same from release to release, for logs, metrics and
-// switch statements. A leader that stepped down at Resign or Close has no Reason: its
-// Event.Err is ErrResigned or ErrClosed.
-type Reason string
+// LostReason says why a lock was lost (LockLostError.Reason, Event.LostReason): a
+// value that stays the same from release to release, for logs, metrics and switches.
+type LostReason string
 
 const (
-	// ReasonRefused: the store refused a renewal: another holder has the key, or it
+	// LostRefused: the store refused a renewal: another holder has the key, or it
 	// expired.
-	ReasonRefused Reason = "refused"
-	// ReasonExpired: the lock's deadline passed without a renewal the store confirmed
+	LostRefused LostReason = "refused"
+	// LostExpired: the lock's deadline passed without a renewal the store confirmed
 	// (see the package doc).
-	ReasonExpired Reason = "expired"
-	// ReasonReleaseRefused: at its release, the store no longer held the lock for its
+	LostExpired LostReason = "expired"
+	// LostReleaseRefused: at its release, the store no longer held the lock for its
 	// owner.
-	ReasonReleaseRefused Reason = "release-refused"
-	// ReasonOtherInstance: a tick was skipped because another instance holds the job's
-	// lease (OnOneInstance, GocronLocker) or leads (GocronElector).
-	ReasonOtherInstance Reason = "other-instance"
-	// ReasonRunInProgress: a tick was skipped because a run of the job still holds its
-	// run lock (WithoutOverlapping), on this instance or another.
-	ReasonRunInProgress Reason = "run-in-progress"
-	// ReasonLimitReached: a tick was skipped because AtMost(n) runs of the job were in
-	// progress, on this instance or others: the n permits of its semaphore were held.
-	ReasonLimitReached Reason = "limit-reached"
-	// ReasonLeaseInDoubt: a tick was skipped because the job's lease (OnOneInstance,
-	// GocronLocker, GocronElector) could not vouch that no other instance ran the same
-	// tick: its take was answered more than a third of the ttl after the tick began (a
-	// lease that another instance kept until then may have run it), or the owner's
-	// renewal was overdue (its lease may end before another instance's tick is late).
-	ReasonLeaseInDoubt Reason = "lease-in-doubt"
-	// ReasonSlotClaimed: a tick of a job with a schedule was skipped because another
-	// tick, on this instance or another, claimed its slot first.
-	ReasonSlotClaimed Reason = "slot-claimed"
-	// ReasonSlotMissed: slots of a job with a schedule were missed: no tick claimed
-	// them, or none in their Deadline, and CatchUp did not run them (Event.Count says
-	// how many).
-	ReasonSlotMissed Reason = "slot-missed"
-	// ReasonOnAcquiredFailed: a leader stepped down because OnAcquired returned an
-	// error or panicked; the instance campaigns again after ttl/3.
-	ReasonOnAcquiredFailed Reason = "on-acquired-failed"
+	LostReleaseRefused LostReason = "release-refused"
 )
 
 // LockLostError is the context.Cause of a lost lock's context, and what Release and
@@ -99,9 +71,10 @@ type LockLostError struct {
 	Permit int    // the permit's number (Lock.Permit); 0 for a lock
 	Owner  string
 	Token  int64
-	Reason Reason // ReasonRefused, ReasonExpired or ReasonReleaseRefused
+	Reason LostReason
 }
 
+// Error names the lock, its token and the reason it was lost.
 func (e *LockLostError) Error() string {
 	if e.Permit > 0 {
 		return fmt.Sprintf("pglock: permit %d of %q (token %d) lost: %s", e.Permit, e.Key, e.Token, e.Reason)

@@ -16,25 +16,14 @@ type EventType string
 const (
 	EventAcquired           EventType = "acquired"            // a lock was taken
 	EventReleased           EventType = "released"            // a lock was given back
-	EventLost               EventType = "lost"                // a lock was lost before its release; Reason says how, Err is its *LockLostError
+	EventLost               EventType = "lost"                // a lock was lost before its release; LostReason says how, Err is its *LockLostError
 	EventJobRan             EventType = "job ran"             // a job's tick ran here
-	EventJobSkipped         EventType = "job skipped"         // a job's tick was skipped here; Reason says why
+	EventJobSkipped         EventType = "job skipped"         // a job's tick was skipped here; SkipReason says why
 	EventLeadershipAcquired EventType = "leadership acquired" // this instance started leading
-	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; Err says why, Reason when the lease was lost or OnAcquired failed
+	EventLeadershipLost     EventType = "leadership lost"     // this instance stopped leading; StepDownReason and Err say why
 	EventAcquireFailed      EventType = "acquire failed"      // an Acquire, TryAcquire or WithLock returned without the lock; Err says why (ErrNotAcquired when the key was held)
 	EventRenewal            EventType = "renewal"             // one renewal call to the store ended; Key is empty, Duration is its latency, Err its failure
 	EventJobRegistered      EventType = "job registered"      // a job was registered here (Client.Job, a GocronLocker's first Lock of a job name); Key is the job's
-)
-
-// Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the
-// same from release to release.
-type Outcome string
-
-const (
-	OutcomeOK       Outcome = store.OutcomeOK // fn returned nil and no lock was lost
-	OutcomeError    Outcome = "error"         // fn returned an error
-	OutcomePanicked Outcome = "panicked"      // fn panicked; the panic goes on up the stack after it is recorded
-	OutcomeLost     Outcome = "lost"          // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
 )
 
 // Event is something that happened to a lock, a job or an election of a Client. See
@@ -49,9 +38,14 @@ type Event struct {
 	Permits int
 	Owner   string // the lock's owner id; empty for a skipped tick
 	Token   int64  // the lock's fencing token; zero for a skipped tick
-	Reason  Reason // why, for lost, skipped and some leadership-lost events
-	// Err is why a lock was lost (a *LockLostError) or a leader stepped down (a
-	// *LockLostError, ErrResigned, ErrClosed, or OnAcquired's error); nil otherwise.
+	// LostReason is, for EventLost, how the lock was lost; for EventLeadershipLost
+	// with StepDownLeaseLost, how the lease was. Else "".
+	LostReason     LostReason
+	SkipReason     SkipReason     // for EventJobSkipped: why; else ""
+	StepDownReason StepDownReason // for EventLeadershipLost: why; else ""
+	// Err is, for EventLost and EventLeadershipLost, why (a *LockLostError, ErrResigned,
+	// ErrClosed or OnAcquired's error); for EventAcquireFailed and EventRenewal, the
+	// failure; else nil.
 	Err error
 	// Wait is, for EventAcquired and EventAcquireFailed, the time from the call to the
 	// acquisition or the giving up, waiting included.
@@ -65,7 +59,7 @@ type Event struct {
 	// Every), the slot the run or skip stands for (the last one, for several); else zero.
 	Slot time.Time
 	// Count is, for EventJobSkipped, how many ticks or slots it stands for: 1, or the
-	// slots missed at once (ReasonSlotMissed).
+	// slots missed at once (SkipSlotMissed).
 	Count int
 	// Attempt is, for EventJobRan of a slot, its attempt: 1, or more for a retry
 	// (AtLeastOnce); else 0.

@@ -151,7 +151,7 @@ func TestFailoverSynchronousKeepsWhatIsHeld(t *testing.T) {
 	// Every tick ran at most once, on the holder, under the lease it took before the
 	// failover. A tick while the holder's renewal was overdue (one sent to the dead
 	// primary, or not yet answered by the new one) is skipped as in doubt
-	// (ReasonLeaseInDoubt), never run by the other instance; once the lease is renewed
+	// (SkipLeaseInDoubt), never run by the other instance; once the lease is renewed
 	// on the new primary, every tick runs.
 	ran := ticks.ran(t)
 	require.Len(t, ran, ticks.n)
@@ -166,7 +166,7 @@ func TestFailoverSynchronousKeepsWhatIsHeld(t *testing.T) {
 	for tick := ticks.n - 5; tick < ticks.n; tick++ {
 		require.Equal(t, []string{"holder"}, ran[tick], "tick %d, a ttl after the promotion", tick)
 	}
-	events.awaitCount(t, pglock.EventJobSkipped, "failover:job", pglock.ReasonLeaseInDoubt, skipped) // each skip the holder's, in doubt
+	events.awaitCount(t, pglock.EventJobSkipped, "failover:job", pglock.SkipLeaseInDoubt, skipped) // each skip the holder's, in doubt
 	require.Equal(t, 1, jobs[0].tokens(), "one lease, one token")
 	t.Logf("%d ticks, %d of them after the promotion, all on the holder; %d skipped in the failover", ticks.n, ticks.n-1, skipped)
 }
@@ -243,7 +243,7 @@ func TestFailoverAsynchronousTokensGoOn(t *testing.T) {
 			time.Since(promoted).Round(time.Millisecond), time.Since(reached).Round(time.Millisecond), context.Cause(lock.Context()))
 		var lle *pglock.LockLostError
 		require.True(t, errors.As(context.Cause(lock.Context()), &lle), "cause %v", context.Cause(lock.Context()))
-		require.Equal(t, pglock.ReasonRefused, lle.Reason)
+		require.Equal(t, pglock.LostRefused, lle.Reason)
 		require.ErrorIs(t, lock.Release(t.Context()), pglock.ErrLockLost)
 
 		// The next holder: the key is free on the new primary, which never saw the lost
@@ -374,7 +374,7 @@ func TestFailoverAsynchronousLeaderAndJobMove(t *testing.T) {
 	// Refused: a renewal reached the new primary and found the term gone. Expired: the
 	// kill and the promotion took the renewals' whole margin, as they may under load.
 	// Either way a heard of it, in the bound below.
-	require.Contains(t, []pglock.Reason{pglock.ReasonRefused, pglock.ReasonExpired}, lle.Reason)
+	require.Contains(t, []pglock.LostReason{pglock.LostRefused, pglock.LostExpired}, lle.Reason)
 	// a's client makes no call of its own on the new primary before its next renewal:
 	// that renewal, a third of the ttl after the last one, finds the term lost, or its
 	// retry a tenth of the ttl later when it meets a connection to the dead primary.

@@ -150,7 +150,7 @@ func TestFencingWriterThatNoticesItsLossWritesNothing(t *testing.T) {
 	require.Error(t, ctx.Err())
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(ctx), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 	_, err := pglock.ExecFenced(ctx, s.pool, "UPDATE products SET in_stock = $1 WHERE id = $2",
 		"stock_fencing_token", s.lockA.Token(), 12, "salmon-kibble-2kg")
 	require.ErrorIs(t, err, context.Canceled, "a write on the lock's context does not even start")

@@ -14,14 +14,6 @@ import (
 	"github.com/pgfence/pglock/internal/store"
 )
 
-// Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
-// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
-// it with GocronOptions(j.Key()); a job with a schedule (Cron, Every) registers itself
-// with Job.Schedule instead (see the package doc, # Jobs).
-func (j *Job) Task() gocron.Task {
-	return gocron.NewTask(j.Run)
-}
-
 // GocronOptions returns the gocron job options pglock recommends for a job named name,
 // the job's key (Job.Key): gocron.WithName(name) and
 // gocron.WithSingletonMode(gocron.LimitModeReschedule), so that gocron refuses an overlap
@@ -65,7 +57,7 @@ type GocronElector struct {
 
 // IsLeader returns nil on the leader (taking the lease if it is free), an error matching
 // ErrNotAcquired where another instance leads or where the lease cannot vouch for this
-// run (ReasonLeaseInDoubt), ErrClosed once Close has begun, or a store error. ctx bounds
+// run (SkipLeaseInDoubt), ErrClosed once Close has begun, or a store error. ctx bounds
 // its store call. gocron calls it before each run.
 func (e *GocronElector) IsLeader(ctx context.Context) error {
 	e.mu.Lock()

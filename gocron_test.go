@@ -211,7 +211,7 @@ func TestGocronElectorLeadsUntilClose(t *testing.T) {
 	}
 	require.Equal(t, 1, logLines(&logs, "pglock: job runs on this instance", "shop:scheduler"))
 	require.Equal(t, 3, logLines(&logs, "pglock: skipped job: it runs on another instance", "shop:scheduler"))
-	requireEvents(t, &events, 3, pglock.EventJobSkipped, "shop:scheduler", pglock.ReasonOtherInstance)
+	requireEvents(t, &events, 3, pglock.EventJobSkipped, "shop:scheduler", pglock.SkipOtherInstance)
 
 	clockA.Advance(time.Second)
 	require.NoError(t, a.Close(ctx))
@@ -347,7 +347,7 @@ func TestJobOptionsLetGocronRefuseAnOverlapInOneProcess(t *testing.T) {
 	// Without singleton mode, gocron would call Run at once, and pglock would skip the
 	// tick after a store call.
 	require.Never(t, func() bool {
-		return len(running) > 0 || events.count(pglock.EventJobSkipped, "reports:weekly", pglock.ReasonRunInProgress) > 0
+		return len(running) > 0 || events.count(pglock.EventJobSkipped, "reports:weekly", pglock.SkipRunInProgress) > 0
 	}, 100*time.Millisecond, 5*time.Millisecond)
 	close(finish)
 	requireEvents(t, &events, 1, pglock.EventJobRan, "reports:weekly", "")

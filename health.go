@@ -23,8 +23,8 @@ type Health struct {
 	LocksHeld int
 	// PermitsHeld is how many of LocksHeld are permits of semaphores.
 	PermitsHeld int
-	// Leading is how many of the client's elections it leads now.
-	Leading int
+	// ElectionsLed is how many of the client's elections it leads now.
+	ElectionsLed int
 	// LastRenewal is when the store last answered a renewal call, on the client's clock;
 	// zero if none yet.
 	LastRenewal time.Time
@@ -63,7 +63,7 @@ func (c *Client) Health() Health {
 	h.EventsDropped = c.events.droppedCount()
 
 	c.health.mu.Lock()
-	h.Leading, h.LastRenewal = c.health.leading, c.health.lastRenewal
+	h.ElectionsLed, h.LastRenewal = c.health.led, c.health.lastRenewal
 	c.health.mu.Unlock()
 	s := c.health.calls.State()
 	h.LastAnswer, h.FailedCall, h.FailedAt = s.Answered, s.Call, s.At
@@ -88,7 +88,7 @@ type health struct {
 
 	mu          sync.Mutex
 	lastRenewal time.Time
-	leading     int
+	led         int // elections led now
 }
 
 // watchStore makes every call of the client to s go through an observed store that
@@ -125,11 +125,11 @@ func (h *health) count(t EventType) {
 	switch t {
 	case EventLeadershipAcquired:
 		h.mu.Lock()
-		h.leading++
+		h.led++
 		h.mu.Unlock()
 	case EventLeadershipLost:
 		h.mu.Lock()
-		h.leading--
+		h.led--
 		h.mu.Unlock()
 	}
 }

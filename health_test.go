@@ -164,12 +164,12 @@ func TestHealthCountsTheElectionsLed(t *testing.T) {
 	require.NoError(t, err)
 	receive(t, led)
 	h := c.Health()
-	require.Equal(t, 1, h.Leading)
+	require.Equal(t, 1, h.ElectionsLed)
 	require.Equal(t, 1, h.LocksHeld, "the lease")
 	require.True(t, h.Ready)
 	require.NoError(t, e.Resign(t.Context()))
 	h = c.Health()
-	require.Zero(t, h.Leading)
+	require.Zero(t, h.ElectionsLed)
 	require.Zero(t, h.LocksHeld)
 }
 
@@ -445,7 +445,7 @@ func TestHealthFollowsTheDatabaseWhateverTheClientDoes(t *testing.T) {
 					h = c.Health()
 					// On failure, say which answer made it ready.
 					require.False(t, h.Ready, "still unready once the outage took what the client had: last answer %s (outage from %s), held %d, leading %d",
-						h.LastAnswer.Format("15:04:05.000"), outageAt.Format("15:04:05.000"), h.LocksHeld, h.Leading)
+						h.LastAnswer.Format("15:04:05.000"), outageAt.Format("15:04:05.000"), h.LocksHeld, h.ElectionsLed)
 				}
 				require.NotEmpty(t, h.FailedCall, "%v", h.Err)
 				require.False(t, h.FailedAt.IsZero())

@@ -124,11 +124,11 @@ func (l *eventLog) all() []pglock.Event {
 	return slices.Clone(l.events)
 }
 
-// count counts the events of type typ on key with reason.
-func (l *eventLog) count(typ pglock.EventType, key string, reason pglock.Reason) int {
+// count counts the events of type typ on key with reason (a skip's, or none).
+func (l *eventLog) count(typ pglock.EventType, key string, reason pglock.SkipReason) int {
 	n := 0
 	for _, e := range l.all() {
-		if e.Type == typ && e.Key == key && e.Reason == reason {
+		if e.Type == typ && e.Key == key && e.SkipReason == reason {
 			n++
 		}
 	}
@@ -137,13 +137,13 @@ func (l *eventLog) count(typ pglock.EventType, key string, reason pglock.Reason)
 
 // awaitCount waits until n events of type typ on key with reason were recorded: the
 // client hands events to its handlers on a goroutine of its own.
-func (l *eventLog) awaitCount(t testing.TB, typ pglock.EventType, key string, reason pglock.Reason, n int) {
+func (l *eventLog) awaitCount(t testing.TB, typ pglock.EventType, key string, reason pglock.SkipReason, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return l.count(typ, key, reason) == n }, 5*time.Second, 5*time.Millisecond,
 		"%d events %s on %q (%s): %+v", n, typ, key, reason, l.all())
 }
 
-// leadership lists the leadership events, with their reason or error.
+// leadership lists the leadership events, with their reasons and error.
 func (l *eventLog) leadership() []string {
 	var out []string
 	for _, e := range l.all() {
@@ -151,8 +151,11 @@ func (l *eventLog) leadership() []string {
 			continue
 		}
 		s := string(e.Type)
-		if e.Reason != "" {
-			s += ": " + string(e.Reason)
+		if e.StepDownReason != "" {
+			s += ": " + string(e.StepDownReason)
+		}
+		if e.LostReason != "" {
+			s += ": " + string(e.LostReason)
 		}
 		switch {
 		case errors.Is(e.Err, pglock.ErrClosed):
@@ -166,7 +169,7 @@ func (l *eventLog) leadership() []string {
 }
 
 // requireEvents waits for n events (they are delivered on the client's own goroutine).
-func requireEvents(t *testing.T, l *eventLog, n int, typ pglock.EventType, key string, reason pglock.Reason) {
+func requireEvents(t *testing.T, l *eventLog, n int, typ pglock.EventType, key string, reason pglock.SkipReason) {
 	t.Helper()
 	require.Eventually(t, func() bool { return l.count(typ, key, reason) == n }, 5*time.Second, 5*time.Millisecond,
 		"want %d %q events of %q (reason %q), have %d", n, typ, key, reason, l.count(typ, key, reason))

@@ -30,7 +30,7 @@ type JobRun struct {
 	Started  time.Time // on the store's clock (the database's)
 	Ended    time.Time // on the store's clock
 	Outcome  Outcome
-	Err      string    // the error's text (a panic's value), at most 1000 characters; "" when none
+	Error    string    // the error's text (a panic's value), at most 1000 characters; "" when none
 	Slot     time.Time // the slot it stood for (Cron, Every); zero without
 	Attempt  int       // the slot's attempt, 1 for the first (AtLeastOnce); 0 without a slot
 }
@@ -49,7 +49,7 @@ type JobSlots struct {
 // JobSkips counts the ticks of a job that one instance skipped for one reason.
 type JobSkips struct {
 	Instance string
-	Reason   Reason
+	Reason   SkipReason
 	Count    int64     // skipped ticks counted within the retention
 	Last     time.Time // the last one counted, on the store's clock
 }
@@ -124,7 +124,7 @@ func (c *Client) JobStatuses(ctx context.Context) ([]JobStatus, error) {
 
 func jobRunOf(r store.JobRun) JobRun {
 	return JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token, Started: r.Started, Ended: r.Ended,
-		Outcome: Outcome(r.Outcome), Err: r.Err, Slot: r.Slot, Attempt: r.Attempt}
+		Outcome: Outcome(r.Outcome), Error: r.Error, Slot: r.Slot, Attempt: r.Attempt}
 }
 
 // jobRunRef returns *r as a *JobRun, nil for nil.
@@ -140,7 +140,7 @@ func jobStatusOf(j store.JobStatus) JobStatus {
 	s := JobStatus{Job: j.Job, LastRun: jobRunRef(j.LastRun), LastFailure: jobRunRef(j.LastFailure),
 		Slots: (*JobSlots)(j.Slots)}
 	for _, k := range j.Skips {
-		s.Skips = append(s.Skips, JobSkips{Instance: k.Instance, Reason: Reason(k.Reason), Count: k.Count, Last: k.Last})
+		s.Skips = append(s.Skips, JobSkips{Instance: k.Instance, Reason: SkipReason(k.Reason), Count: k.Count, Last: k.Last})
 	}
 	for _, r := range j.Registrations {
 		s.Registrations = append(s.Registrations, registrationOf(r))

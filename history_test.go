@@ -125,11 +125,11 @@ func TestJobRunHistoryRecordsEveryOutcome(t *testing.T) {
 			require.True(t, r.Ended.Before(runs[i-1].Started.Add(slack)), "one run after the other")
 		}
 	}
-	require.Empty(t, runs[3].Err)
-	require.Equal(t, 1000, utf8.RuneCountInString(runs[2].Err))
-	require.Equal(t, longErr[:2000], runs[2].Err, "the first 1000 characters")
-	require.Equal(t, "inventory feed returned garbage", runs[1].Err)
-	require.Contains(t, runs[0].Err, "lost")
+	require.Empty(t, runs[3].Error)
+	require.Equal(t, 1000, utf8.RuneCountInString(runs[2].Error))
+	require.Equal(t, longErr[:2000], runs[2].Error, "the first 1000 characters")
+	require.Equal(t, "inventory feed returned garbage", runs[1].Error)
+	require.Contains(t, runs[0].Error, "lost")
 
 	var ran []pglock.Event
 	for _, ev := range events.all() {
@@ -180,7 +180,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 	require.Equal(t, job, s.Job)
 	require.Len(t, s.Skips, 1)
 	require.Equal(t, "other", s.Skips[0].Instance)
-	require.Equal(t, pglock.ReasonOtherInstance, s.Skips[0].Reason)
+	require.Equal(t, pglock.SkipOtherInstance, s.Skips[0].Reason)
 	require.EqualValues(t, 7, s.Skips[0].Count)
 	require.WithinRange(t, s.Skips[0].Last, start.Add(-time.Minute), start.Add(20*time.Millisecond)) // the client's clock against the database's
 	require.NotNil(t, s.LastRun)
@@ -204,7 +204,7 @@ func TestJobRunHistoryCountsSkips(t *testing.T) {
 	require.EqualValues(t, 10, jobs[0].Skips[0].Count)
 }
 
-// A run in progress skips the next tick with ReasonRunInProgress; Jobs says what
+// A run in progress skips the next tick with SkipRunInProgress; Jobs says what
 // failed last even when the last run did not fail.
 func TestJobRunHistoryLastFailureAndRunInProgress(t *testing.T) {
 	t.Parallel()
@@ -244,9 +244,9 @@ func TestJobRunHistoryLastFailureAndRunInProgress(t *testing.T) {
 	require.Len(t, jobs, 1)
 	require.Equal(t, pglock.OutcomeOK, jobs[0].LastRun.Outcome)
 	require.Equal(t, pglock.OutcomeError, jobs[0].LastFailure.Outcome)
-	require.Equal(t, "warehouse API: 503", jobs[0].LastFailure.Err)
+	require.Equal(t, "warehouse API: 503", jobs[0].LastFailure.Error)
 	require.True(t, jobs[0].LastFailure.Ended.Before(jobs[0].LastRun.Started.Add(20*time.Millisecond))) // the clocks' slack
-	require.Equal(t, []pglock.JobSkips{{Instance: "solo", Reason: pglock.ReasonRunInProgress, Count: 1,
+	require.Equal(t, []pglock.JobSkips{{Instance: "solo", Reason: pglock.SkipRunInProgress, Count: 1,
 		Last: jobs[0].Skips[0].Last}}, jobs[0].Skips)
 }
 
@@ -426,13 +426,13 @@ func TestJobRunHistoryInMemory(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
 	require.Equal(t, pglock.OutcomeError, runs[0].Outcome)
-	require.Equal(t, "boom", runs[0].Err)
+	require.Equal(t, "boom", runs[0].Error)
 	require.WithinDuration(t, clock.Now(), runs[0].Ended, 3*time.Second) // written at Close, after the Advance
 	jobs, err := b.JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Len(t, jobs, 1)
 	require.Equal(t, runs[0], *jobs[0].LastFailure)
-	require.Equal(t, []pglock.JobSkips{{Instance: "b", Reason: pglock.ReasonOtherInstance, Count: 2, Last: jobs[0].Skips[0].Last}},
+	require.Equal(t, []pglock.JobSkips{{Instance: "b", Reason: pglock.SkipOtherInstance, Count: 2, Last: jobs[0].Skips[0].Last}},
 		jobs[0].Skips)
 }
 
@@ -506,7 +506,7 @@ func TestJobRunHistoryThroughDatabaseSQL(t *testing.T) {
 			runs, err := a.JobRuns(ctx, "sql:job", 5)
 			require.NoError(t, err)
 			require.Len(t, runs, 1)
-			require.Equal(t, "nope", runs[0].Err)
+			require.Equal(t, "nope", runs[0].Error)
 			jobs, err := a.JobStatuses(ctx)
 			require.NoError(t, err)
 			require.Len(t, jobs, 1)

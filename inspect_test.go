@@ -285,7 +285,7 @@ func TestForceReleaseBreaksAPausedHolder(t *testing.T) {
 	require.Error(t, old.Context().Err(), "the broken holder's ctx was not cancelled")
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(old.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason, "its renewal was refused, before its lease would have expired")
+	require.Equal(t, pglock.LostRefused, lost.Reason, "its renewal was refused, before its lease would have expired")
 	require.True(t, lock.Held())
 
 	_, err = operator.ForceRelease(ctx, key+"-never-used")
@@ -365,7 +365,7 @@ func TestForceReleaseOnTheMemoryStore(t *testing.T) {
 	clock.Advance(time.Second / 3) // the holder's next renewal
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(old.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 }
 
 func TestLocksAndForceReleaseRefuseBadInputAndChangeNothing(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-co-op/gocron/v2"
 	"github.com/pgfence/pglock/internal/store"
 )
 
@@ -118,6 +119,58 @@ func (j *Job) Run(ctx context.Context) error {
 	return err
 }
 
+// Task returns the gocron task that runs j: every tick calls Run with the ctx gocron
+// passes (cancelled at the scheduler's shutdown), and gocron gets Run's error. Register
+// it with GocronOptions(j.Key()); a job with a schedule (Cron, Every) registers itself
+// with Job.Schedule instead (see the package doc, # Jobs).
+func (j *Job) Task() gocron.Task {
+	return gocron.NewTask(j.Run)
+}
+
+// Schedule registers the job with s on its own schedule (Cron or Every): the job
+// definition, Task, GocronOptions(j.Key()), for Every a start on the next slot, and
+// for CatchUp a run at once, so that slots missed while every instance was down are
+// caught up when the first comes back; opts are appended. Errors: ErrInvalidArgument
+// for a job without a schedule or a nil s, or gocron's error.
+func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job, error) {
+	if j.slots == nil {
+		return nil, invalidArg("Job %q: Schedule: the job has no schedule: give Cron or Every", j.key)
+	}
+	if s == nil {
+		return nil, invalidArg("Job %q: Schedule: nil scheduler", j.key)
+	}
+	sc := j.slots.sched
+	all := GocronOptions(j.key)
+	if !sc.IsCron() {
+		start := sc.Next(time.Now().Add(10 * time.Millisecond))
+		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
+	}
+	all = append(all, opts...)
+	gj, err := s.NewJob(definition(sc), j.Task(), all...)
+	if err != nil {
+		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
+	}
+	if j.slots.catchUp > 0 {
+		_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), j.Task(),
+			gocron.WithName(j.key), gocron.WithSingletonMode(gocron.LimitModeReschedule))
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("pglock: Job %q: Schedule its catch-up: %w", j.key, err), s.RemoveJob(gj.ID()))
+		}
+	}
+	return gj, nil
+}
+
+// SlotPolicy returns the slot policy of j, and false for a job without a schedule
+// (Cron or Every).
+func (j *Job) SlotPolicy() (SlotPolicy, bool) {
+	s := j.slots
+	if s == nil {
+		return SlotPolicy{}, false
+	}
+	return SlotPolicy{Cron: s.sched.Expr, Every: s.sched.Every, CatchUp: s.catchUp, Deadline: s.deadline,
+		Attempts: s.attempts, Backoff: s.backoff}, true
+}
+
 // underLease holds the job's lease for a tick, if it has one, and returns ctx under it
 // (FromContext gives the lease) and the stop of that ctx; a nil ctx, with a nil error,
 // when the tick is skipped (hold logged and emitted why).
@@ -139,7 +192,7 @@ func (j *Job) underLease(ctx context.Context) (_ context.Context, stop func(), _
 // gated calls run through the job's run lock (WithoutOverlapping) or a permit of
 // AtMost's semaphore, or as a section of its own without either: started false, with
 // the reason, when the tick is skipped because a run holds them.
-func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped Reason, err error) {
+func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (started bool, skipped SkipReason, err error) {
 	if !j.runLock && j.limit == nil {
 		ctx, s, err := j.c.enter(ctx)
 		if err != nil {
@@ -150,9 +203,9 @@ func (j *Job) gated(ctx context.Context, run func(ctx context.Context) error) (s
 	}
 	with, full := func(ctx context.Context, fn func(context.Context) error, opts ...AcquireOption) error {
 		return j.c.WithLock(ctx, j.key, fn, opts...)
-	}, ReasonRunInProgress
+	}, SkipRunInProgress
 	if j.limit != nil {
-		with, full = j.limit.WithPermit, ReasonLimitReached
+		with, full = j.limit.WithPermit, SkipLimitReached
 	}
 	err = with(ctx, func(ctx context.Context) error {
 		started = true
@@ -221,30 +274,67 @@ func checkJobKey(key string) error {
 	return nil
 }
 
+// Outcome is how a job's run ended (EventJobRan, JobRun): a short value that stays the
+// same from release to release.
+type Outcome string
+
+const (
+	OutcomeOK       Outcome = store.OutcomeOK // fn returned nil and no lock was lost
+	OutcomeError    Outcome = "error"         // fn returned an error
+	OutcomePanicked Outcome = "panicked"      // fn panicked; the panic goes on up the stack after it is recorded
+	OutcomeLost     Outcome = "lost"          // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
+)
+
+// SkipReason says why a job's tick was skipped (Event.SkipReason, JobSkips.Reason): a
+// value that stays the same from release to release, as the run history stores it.
+type SkipReason string
+
+const (
+	// SkipOtherInstance: another instance holds the job's lease (OnOneInstance,
+	// GocronLocker) or leads (GocronElector).
+	SkipOtherInstance SkipReason = "other-instance"
+	// SkipRunInProgress: a run of the job still holds its run lock
+	// (WithoutOverlapping), on this instance or another.
+	SkipRunInProgress SkipReason = "run-in-progress"
+	// SkipLimitReached: AtMost(n) runs of the job were in progress, on this instance
+	// or others.
+	SkipLimitReached SkipReason = "limit-reached"
+	// SkipLeaseInDoubt: the job's lease could not vouch that no other instance ran
+	// the tick: its take came late, or its renewal was overdue (see the package doc,
+	// # Jobs).
+	SkipLeaseInDoubt SkipReason = "lease-in-doubt"
+	// SkipSlotClaimed: another tick, on this instance or another, claimed the tick's
+	// slot first (Cron, Every).
+	SkipSlotClaimed SkipReason = "slot-claimed"
+	// SkipSlotMissed: slots of a job with a schedule were missed: no tick claimed
+	// them in their Deadline, and CatchUp did not run them (Event.Count says how many).
+	SkipSlotMissed SkipReason = "slot-missed"
+)
+
 // skippedMessages are the log messages of skipped ticks, by reason.
-var skippedMessages = map[Reason]string{
-	ReasonOtherInstance: "pglock: skipped job: it runs on another instance",
-	ReasonRunInProgress: "pglock: skipped job: a run is still in progress",
-	ReasonLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
-	ReasonLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
-	ReasonSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
-	ReasonSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
+var skippedMessages = map[SkipReason]string{
+	SkipOtherInstance: "pglock: skipped job: it runs on another instance",
+	SkipRunInProgress: "pglock: skipped job: a run is still in progress",
+	SkipLimitReached:  "pglock: skipped job: as many runs as its limit are in progress",
+	SkipLeaseInDoubt:  "pglock: skipped job: its lease was taken or renewed too late to vouch for this tick",
+	SkipSlotClaimed:   "pglock: skipped job: another tick claimed its slot",
+	SkipSlotMissed:    "pglock: missed job slots: no tick claimed them in time",
 }
 
 // skipped reports a skipped tick of job (a job key, a gocron job name or an elector key).
-func (c *Client) skipped(job string, reason Reason) {
+func (c *Client) skipped(job string, reason SkipReason) {
 	c.skippedSlot(job, reason, time.Time{}, 1)
 }
 
 // skippedSlot reports n skipped ticks or slots of job, the last of them slot (zero
 // for a job without a schedule).
-func (c *Client) skippedSlot(job string, reason Reason, slot time.Time, n int) {
+func (c *Client) skippedSlot(job string, reason SkipReason, slot time.Time, n int) {
 	attrs := []any{slog.String("key", job), slog.String("reason", string(reason))}
 	if !slot.IsZero() {
 		attrs = append(attrs, slog.Time("slot", slot), slog.Int("slots", n))
 	}
 	c.logger.Debug(skippedMessages[reason], attrs...)
 	c.health.count(EventJobSkipped)
-	c.events.emit(Event{Type: EventJobSkipped, Key: job, Reason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
+	c.events.emit(Event{Type: EventJobSkipped, Key: job, SkipReason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
 	c.history.Skip(job, string(reason), n)
 }

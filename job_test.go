@@ -256,7 +256,7 @@ func TestOnOneInstanceRunsEachTickOnce(t *testing.T) {
 	require.Contains(t, logs.String(), "lease="+jobReconcileKey+":owner")
 	require.Equal(t, 4, logLines(&logs, "pglock: skipped job: it runs on another instance", jobReconcileKey))
 	require.Equal(t, 2, logLines(&logs, "pglock: skipped job: it runs on another instance", jobExportKey))
-	requireEvents(t, &events, 4, pglock.EventJobSkipped, jobReconcileKey, pglock.ReasonOtherInstance)
+	requireEvents(t, &events, 4, pglock.EventJobSkipped, jobReconcileKey, pglock.SkipOtherInstance)
 	requireEvents(t, &events, 2, pglock.EventJobRan, jobReconcileKey, "")
 	// With OnOneInstance alone, the run's lock is the lease.
 	require.Equal(t, []string{jobReconcileKey + ":owner", jobReconcileKey + ":owner"}, shop.runLocks)
@@ -319,7 +319,7 @@ func TestWithoutOverlappingSkipsEveryTickDuringARunThenRunsTheNext(t *testing.T)
 	require.EqualValues(t, 1, shop.warehouse.counts.Load())
 	require.Equal(t, 3, logLines(&logs, "pglock: skipped job: a run is still in progress", jobReconcileKey))
 	require.Equal(t, 3, logLines(&logs, "pglock: skipped job: it runs on another instance", jobReconcileKey))
-	requireEvents(t, &events, 3, pglock.EventJobSkipped, jobReconcileKey, pglock.ReasonRunInProgress)
+	requireEvents(t, &events, 3, pglock.EventJobSkipped, jobReconcileKey, pglock.SkipRunInProgress)
 
 	resume()
 	require.NoError(t, receive(t, first))
@@ -393,7 +393,7 @@ func TestJobContextIsCancelledWhenTheLeaseIsLost(t *testing.T) {
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost)
 	require.Equal(t, "reports:daily:owner", lost.Key)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 	require.Equal(t, lease.Token(), lost.Token)
 
 	require.NoError(t, jobA.Run(ctx)) // the next tick tries again, and finds B's lease

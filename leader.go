@@ -29,6 +29,23 @@ type LeaderCallbacks struct {
 	OnLost func(lock *Lock)
 }
 
+// StepDownReason says why a leader stepped down (Event.StepDownReason, with
+// EventLeadershipLost): a value that stays the same from release to release.
+type StepDownReason string
+
+const (
+	// StepDownLeaseLost: the lease was lost; Event.LostReason says how, and Err is the
+	// *LockLostError.
+	StepDownLeaseLost StepDownReason = "lease-lost"
+	// StepDownResigned: Election.Resign; Err is ErrResigned.
+	StepDownResigned StepDownReason = "resigned"
+	// StepDownClosed: the Client's Close; Err is ErrClosed.
+	StepDownClosed StepDownReason = "closed"
+	// StepDownOnAcquiredFailed: OnAcquired returned an error (Err wraps it) or
+	// panicked; the instance campaigns again after ttl/3.
+	StepDownOnAcquiredFailed StepDownReason = "on-acquired-failed"
+)
+
 // Election is this instance's part in a leader election on a key: see Client.Elect.
 // Its methods are safe for concurrent use.
 type Election struct {
@@ -178,7 +195,7 @@ func (e *Election) lead(l *Lock) (failed bool) {
 	e.lock = l
 	e.mu.Unlock()
 	e.c.logger.Info("pglock: leading", slog.String("key", e.key), slog.String("owner", l.Owner()), slog.Int64("token", l.Token()))
-	e.c.emit(EventLeadershipAcquired, e.key, l, "", nil)
+	e.c.emit(Event{Type: EventLeadershipAcquired, Key: e.key}, l)
 
 	returned := make(chan error, 1)
 	go func() { returned <- e.onAcquired(ctx, l) }()
@@ -200,16 +217,19 @@ func (e *Election) lead(l *Lock) (failed bool) {
 	// Why the term ends: a lost lease first, then Resign or Close, then OnAcquired.
 	var lost *LockLostError
 	var cause error
-	var reason Reason
+	var why StepDownReason
 	switch {
 	case errors.As(context.Cause(l.Context()), &lost):
-		cause, reason = lost, lost.Reason
+		cause, why = lost, StepDownLeaseLost
 	case e.ctx.Err() != nil:
-		cause = context.Cause(e.ctx) // ErrResigned or ErrClosed
+		cause, why = context.Cause(e.ctx), StepDownResigned
+		if errors.Is(cause, ErrClosed) {
+			why = StepDownClosed
+		}
 	case err != nil:
-		cause, reason, failed = err, ReasonOnAcquiredFailed, true
+		cause, why, failed = err, StepDownOnAcquiredFailed, true
 	default: // the lease was released under the election: only Close does that
-		cause = ErrClosed
+		cause, why = ErrClosed, StepDownClosed
 	}
 	e.mu.Lock()
 	e.lock = nil
@@ -219,12 +239,13 @@ func (e *Election) lead(l *Lock) (failed bool) {
 		<-returned // what it returns once cancelled is no reason to step down: there is one
 	}
 	e.onLost(l)
-	attrs := []any{slog.String("key", e.key), slog.Int64("token", l.Token())}
-	if reason != "" {
-		attrs = append(attrs, slog.String("reason", string(reason)))
+	e.c.logger.Info("pglock: stepped down", slog.String("key", e.key), slog.Int64("token", l.Token()),
+		slog.String("reason", string(why)), slog.Any("err", cause))
+	ev := Event{Type: EventLeadershipLost, Key: e.key, StepDownReason: why, Err: cause}
+	if lost != nil {
+		ev.LostReason = lost.Reason
 	}
-	e.c.logger.Info("pglock: stepped down", append(attrs, slog.Any("err", cause))...)
-	e.c.emit(EventLeadershipLost, e.key, l, reason, cause)
+	e.c.emit(ev, l)
 	if lost == nil {
 		e.releaseLease(l)
 	}

@@ -125,7 +125,7 @@ func TestElectionHasOneLeaderAndHandsOverAtClose(t *testing.T) {
 	require.True(t, elections[second.who].IsLeader())
 	require.Contains(t, logs[0].String(), `level=INFO msg="pglock: stepped down" key=inventory:warehouse-feed token=`)
 	require.Contains(t, logs[0].String(), `err="pglock: client closed"`)
-	require.Equal(t, []string{"leadership acquired", "leadership lost: ErrClosed"}, events[0].leadership())
+	require.Equal(t, []string{"leadership acquired", "leadership lost: closed: ErrClosed"}, events[0].leadership())
 	require.Eventually(t, func() bool { return len(events[second.who].leadership()) == 1 }, 2*time.Second, 5*time.Millisecond)
 	require.Equal(t, []string{"leadership acquired"}, events[second.who].leadership())
 	_, err = elections[0].Leader(ctx)
@@ -176,10 +176,10 @@ func TestPausedLeaderBelievesItLeadsUntilItsRenewalIsRefused(t *testing.T) {
 	require.False(t, ea.IsLeader())
 	var lockLost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(old.ctx), &lockLost)
-	require.Equal(t, pglock.ReasonRefused, lockLost.Reason)
+	require.Equal(t, pglock.LostRefused, lockLost.Reason)
 	require.Eventually(t, func() bool { return len(events.leadership()) == 2 }, 2*time.Second, 5*time.Millisecond)
-	require.Equal(t, []string{"leadership acquired", "leadership lost: refused"}, events.leadership())
-	require.Contains(t, logs.String(), `reason=refused`)
+	require.Equal(t, []string{"leadership acquired", "leadership lost: lease-lost: refused"}, events.leadership())
+	require.Regexp(t, `msg="pglock: stepped down" .*reason=lease-lost err=".* lost: refused"`, logs.String())
 	require.True(t, elections[newer.who].IsLeader())
 }
 
@@ -233,7 +233,7 @@ func TestFailingOnAcquiredStepsDownAndCampaignsAgain(t *testing.T) {
 			require.Same(t, second, receive(t, lost, "OnLost again"))
 			require.Eventually(t, func() bool { return len(events.leadership()) == 4 }, 2*time.Second, 5*time.Millisecond)
 			require.Equal(t, []string{"leadership acquired", "leadership lost: on-acquired-failed",
-				"leadership acquired", "leadership lost: ErrResigned"}, events.leadership())
+				"leadership acquired", "leadership lost: resigned: ErrResigned"}, events.leadership())
 		})
 	}
 }

@@ -43,7 +43,7 @@ func newLease(c *Client, job, key string, ttl time.Duration) *lease {
 // finds it held. A take must be answered within a third of the ttl after the tick
 // began (the wait for a concurrent hold and for a pool connection included), so it
 // cannot find free a lease that a paused owner kept past the tick and ran it under.
-// Either rule broken, the tick is skipped (ReasonLeaseInDoubt), and a grant that came
+// Either rule broken, the tick is skipped (SkipLeaseInDoubt), and a grant that came
 // too late is handed back. The lease of a job with slots keeps neither rule.
 func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	if s.c.isClosed() {
@@ -76,7 +76,7 @@ func (s *lease) hold(ctx context.Context) (*Lock, error) {
 	}
 	l, err := s.c.try(bound, s.key, s.ttl)
 	if errors.Is(err, ErrNotAcquired) {
-		s.c.skipped(s.job, ReasonOtherInstance)
+		s.c.skipped(s.job, SkipOtherInstance)
 	}
 	if err != nil {
 		return nil, s.late(ctx, err)
@@ -101,9 +101,9 @@ func (s *lease) late(ctx context.Context, err error) error {
 	return err
 }
 
-// doubt skips the tick as one the lease cannot vouch for (ReasonLeaseInDoubt).
+// doubt skips the tick as one the lease cannot vouch for (SkipLeaseInDoubt).
 func (s *lease) doubt(why string) error {
-	s.c.skipped(s.job, ReasonLeaseInDoubt)
+	s.c.skipped(s.job, SkipLeaseInDoubt)
 	return fmt.Errorf("%w: job %q: the lease %q cannot vouch for this tick: %s", ErrNotAcquired, s.job, s.key, why)
 }
 

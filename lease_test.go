@@ -57,7 +57,7 @@ func TestATickWhoseTakeComesLateDoesNotRunTheOwnersTickAgain(t *testing.T) {
 	require.NoError(t, receive(t, done, "the late tick"))
 
 	require.Equal(t, int32(1), ran.Load(), "the late tick ran the owner's tick again")
-	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt, 1)
+	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.SkipLeaseInDoubt, 1)
 	holders, err := late.Locks(t.Context(), key+":owner")
 	require.NoError(t, err)
 	for _, h := range holders {
@@ -90,7 +90,7 @@ func TestAnOwnerWhoseRenewalIsOverdueSkipsTheTick(t *testing.T) {
 	clock.Move(ttl/2 - ttl/3) // half a ttl since the last confirmed renewal was sent
 	require.NoError(t, job.Run(t.Context()))
 	require.Equal(t, int32(1), ran.Load(), "an owner whose renewal was overdue ran the tick")
-	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.ReasonLeaseInDoubt, 1)
+	events.awaitCount(t, pglock.EventJobSkipped, key, pglock.SkipLeaseInDoubt, 1)
 
 	proxy.Restore() // the renewal is answered: the owner runs ticks again
 	receive(t, renewed, "the renewal's answer")

@@ -223,7 +223,7 @@ func TestSilentLinkCancelsEachLockAtItsOwnDeadline(t *testing.T) {
 	stalls.requireCancelledBefore(t, "the short lock", 3*time.Second, receive(t, cancelledAt), expiresAt)
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(short.Context()), &lost)
-	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.Equal(t, pglock.LostExpired, lost.Reason)
 	require.True(t, long.Held(), "the long lock's deadline has not come")
 }
 
@@ -416,7 +416,7 @@ func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
 	require.False(t, l.Held(), "still held at the send + ttl less a tenth: its deadline counted from the reply")
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
-	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.Equal(t, pglock.LostExpired, lost.Reason)
 }
 
 // A holder paused past its lease is told, when WithLock's release finds the lock gone,
@@ -515,7 +515,7 @@ func TestCloseWaitingForASectionStillLosesOtherLocksAtTheirDeadline(t *testing.T
 	stalls.requireCancelledBefore(t, "the short lock", 3*time.Second, receive(t, cancelledAt), expiresAt)
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(short.Context()), &lost)
-	require.Equal(t, pglock.ReasonExpired, lost.Reason)
+	require.Equal(t, pglock.LostExpired, lost.Reason)
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) before the function did", err)

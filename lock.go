@@ -100,13 +100,13 @@ func (l *Lock) releaseVia(ctx context.Context, release func(ctx context.Context,
 		case serr != nil:
 			err = serr
 		case !ok && (!unsure || !live):
-			err = &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: ReasonReleaseRefused}
+			err = &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: LostReleaseRefused}
 		default:
 			if c.logger.Enabled(context.Background(), slog.LevelDebug) { // its attributes cost allocations
 				c.logger.LogAttrs(context.Background(), slog.LevelDebug, "pglock: released lock", slog.String("key", l.key),
 					slog.Int("permit", l.permit), slog.String("owner", l.entry.Owner), slog.Int64("token", l.token))
 			}
-			c.emit(EventReleased, l.key, l, "", nil)
+			c.emit(Event{Type: EventReleased, Key: l.key}, l)
 		}
 	}
 	l.mu.Lock()
@@ -117,9 +117,9 @@ func (l *Lock) releaseVia(ctx context.Context, release func(ctx context.Context,
 }
 
 func (l *Lock) lostError(r renewer.Reason) *LockLostError {
-	reason := ReasonExpired
+	reason := LostExpired
 	if r == renewer.Refused {
-		reason = ReasonRefused
+		reason = LostRefused
 	}
 	return &LockLostError{Key: l.key, Permit: l.permit, Owner: l.entry.Owner, Token: l.token, Reason: reason}
 }
@@ -133,7 +133,7 @@ func (l *Lock) lose(r renewer.Reason) {
 	l.end(err)
 	l.c.logger.Warn("pglock: lost lock", slog.String("key", l.key), slog.Int("permit", l.permit),
 		slog.String("owner", l.entry.Owner), slog.Int64("token", l.token), slog.Any("err", err))
-	l.c.emit(EventLost, l.key, l, err.Reason, err)
+	l.c.emit(Event{Type: EventLost, Key: l.key, LostReason: err.Reason, Err: err}, l)
 }
 
 // end records why the lock ended, unless Release got there first, and cancels its

@@ -67,7 +67,7 @@ func pausedHolderLosesLock(t *testing.T, store *pglock.Store, pool *pgxpool.Pool
 	require.False(t, lockA.Held())
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(lockA.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 	require.Equal(t, lockA.Token(), lost.Token)
 	require.ErrorIs(t, lockA.Release(ctx), pglock.ErrLockLost)
 	require.Contains(t, logs.String(), `level=WARN msg="pglock: lost lock" key=`+key+" ")

@@ -51,7 +51,7 @@ func TestRenewalOnAManualClockIsBoundedOnThatClock(t *testing.T) {
 		proxy.SetDelay(tcpproxy.ToClient, 0)
 		var lost *pglock.LockLostError
 		require.ErrorAs(t, context.Cause(l.Context()), &lost, "the refused renewal did not lose the lock: %v", c.Health().Err)
-		require.Equal(t, pglock.ReasonRefused, lost.Reason)
+		require.Equal(t, pglock.LostRefused, lost.Reason)
 	})
 
 	t.Run("AConfirmedRenewalIsNoFailure", func(t *testing.T) {

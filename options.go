@@ -232,7 +232,7 @@ func listenOn(cfg *pgx.ConnConfig) ClientOption {
 // lease, "<key>:owner", and keeps it while its Client is up; the other instances skip
 // each tick until the lease is handed back or expires. With a schedule (Cron, Every) the
 // slots vouch that each runs once; without one, a tick the lease cannot vouch for is
-// skipped (ReasonLeaseInDoubt): keep the ttl well above the clocks' skew and the
+// skipped (SkipLeaseInDoubt): keep the ttl well above the clocks' skew and the
 // scheduler's jitter. See the package doc, # Jobs.
 func OnOneInstance() JobOption {
 	return jobOpt{name: "OnOneInstance", apply: func(s *settings) error {
@@ -253,7 +253,7 @@ func WithoutOverlapping() JobOption {
 
 // AtMost lets up to n runs of the job, 1 to MaxPermits, be in progress at once across the
 // fleet: each run holds a permit of the semaphore of the job's key, and a tick that finds
-// all n held is skipped (ReasonLimitReached). It goes alone: Client.Job refuses it with
+// all n held is skipped (SkipLimitReached). It goes alone: Client.Job refuses it with
 // WithoutOverlapping or OnOneInstance (ErrInvalidArgument). See the package doc, # Jobs.
 func AtMost(n int) JobOption {
 	return jobOpt{name: "AtMost", apply: func(s *settings) error {

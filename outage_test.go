@@ -133,7 +133,7 @@ func requireLost(t *testing.T, l *pglock.Lock) {
 	require.Error(t, l.Context().Err(), "the lock lost in the failover is still held")
 	var lle *pglock.LockLostError
 	require.True(t, errors.As(context.Cause(l.Context()), &lle), "cause %v", context.Cause(l.Context()))
-	require.Equal(t, pglock.ReasonRefused, lle.Reason)
+	require.Equal(t, pglock.LostRefused, lle.Reason)
 }
 
 func TestHeldLocksAreConfirmedAtOnce(t *testing.T) {

@@ -219,14 +219,13 @@ func (c *Client) forget(l *Lock) {
 	c.mu.Unlock()
 }
 
-// emit queues an event about key: a lock's key, or a job's. l is the lock it is about
-// or ran under, nil for a skipped tick.
-func (c *Client) emit(t EventType, key string, l *Lock, reason Reason, err error) {
-	ev := Event{Type: t, Key: key, Reason: reason, Err: err, Time: c.clock.Now()}
+// emit queues ev, stamped with the time and, unless l is nil, the lock it is about.
+func (c *Client) emit(ev Event, l *Lock) {
+	ev.Time = c.clock.Now()
 	if l != nil {
 		ev.Permit, ev.Owner, ev.Token = l.permit, l.entry.Owner, l.token
 	}
-	c.health.count(t)
+	c.health.count(ev.Type)
 	c.events.emit(ev)
 }
 

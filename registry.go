@@ -47,6 +47,6 @@ func registrationOf(r store.Registration) Registration {
 func (c *Client) registered(kind, key string) {
 	c.registry.Add(kind, key)
 	if kind == store.KindJob {
-		c.emit(EventJobRegistered, key, nil, "", nil)
+		c.emit(Event{Type: EventJobRegistered, Key: key}, nil)
 	}
 }

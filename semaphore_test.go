@@ -416,7 +416,7 @@ func TestSemaphoreForceRelease(t *testing.T) {
 }
 
 // TestJobAtMost: three instances tick a job limited to two runs at once; two run, the
-// third skips its tick (ReasonLimitReached, in events and skip counts), each run holds
+// third skips its tick (SkipLimitReached, in events and skip counts), each run holds
 // a permit (FromContext), and the run history records the permits' tokens.
 func TestJobAtMost(t *testing.T) {
 	t.Parallel()
@@ -455,7 +455,7 @@ func TestJobAtMost(t *testing.T) {
 	defer cancel()
 	require.NoError(t, jobs[2].Run(third), "a skipped tick")
 	require.Empty(t, running, "a third run")
-	requireEvents(t, events, 1, pglock.EventJobSkipped, job, pglock.ReasonLimitReached)
+	requireEvents(t, events, 1, pglock.EventJobSkipped, job, pglock.SkipLimitReached)
 	require.ElementsMatch(t, []int{1, 2}, []int{permits[0].Permit(), permits[1].Permit()})
 	close(release)
 	wg.Wait()
@@ -469,7 +469,7 @@ func TestJobAtMost(t *testing.T) {
 	statuses, err := clients[0].JobStatuses(ctx)
 	require.NoError(t, err)
 	require.Len(t, statuses, 1)
-	require.Equal(t, []pglock.JobSkips{{Instance: "api-3", Reason: pglock.ReasonLimitReached, Count: 1, Last: statuses[0].Skips[0].Last}}, statuses[0].Skips)
+	require.Equal(t, []pglock.JobSkips{{Instance: "api-3", Reason: pglock.SkipLimitReached, Count: 1, Last: statuses[0].Skips[0].Last}}, statuses[0].Skips)
 }
 
 // TestJobAtMostBadInput: AtMost out of range, or beside WithoutOverlapping or

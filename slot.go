@@ -78,7 +78,7 @@ func Every(d time.Duration) JobOption {
 
 // CatchUp makes a tick that finds slots nobody claimed since the last claimed one run
 // the latest n of them, oldest first, before its own; the others count as missed
-// (ReasonSlotMissed). CatchUp(1) runs the latest missed slot once. Without it, every
+// (SkipSlotMissed). CatchUp(1) runs the latest missed slot once. Without it, every
 // missed slot is counted and none run. n is 1 to 1000. It needs Cron or Every.
 func CatchUp(n int) JobOption {
 	return jobOpt{name: "CatchUp", apply: func(s *settings) error {
@@ -122,6 +122,18 @@ func AtLeastOnce(attempts int, backoff time.Duration) JobOption {
 	}}
 }
 
+// SlotPolicy is what a job with a schedule does with its slots, as the options given
+// to Client.Job set it. The store does not keep it: a console or a report that shows
+// it gets it from the Job. See the package doc, # Slots.
+type SlotPolicy struct {
+	Cron     string        // Cron's expression, its zone first ("CRON_TZ=UTC 0 2 * * *"); "" with Every
+	Every    time.Duration // Every's gap between slots; 0 with Cron
+	CatchUp  int           // CatchUp's n; 0: every missed slot is counted and none runs
+	Deadline time.Duration // Deadline's; 0: a slot may start until the next one comes
+	Attempts int           // AtLeastOnce's attempts; 1: at most once
+	Backoff  time.Duration // AtLeastOnce's backoff before the second attempt; 0 without it
+}
+
 // SlotFromContext returns the slot that a job's run stands for, inside the run: the
 // time its schedule names, and true. Elsewhere, and in the run of a job without a
 // schedule, it returns the zero time and false.
@@ -136,39 +148,6 @@ type slotContextKey struct{}
 type slotRun struct {
 	slot    time.Time
 	attempt int
-}
-
-// Schedule registers the job with s on its own schedule (Cron or Every): the job
-// definition, Task, GocronOptions(j.Key()), for Every a start on the next slot, and
-// for CatchUp a run at once, so that slots missed while every instance was down are
-// caught up when the first comes back; opts are appended. Errors: ErrInvalidArgument
-// for a job without a schedule or a nil s, or gocron's error.
-func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job, error) {
-	if j.slots == nil {
-		return nil, invalidArg("Job %q: Schedule: the job has no schedule: give Cron or Every", j.key)
-	}
-	if s == nil {
-		return nil, invalidArg("Job %q: Schedule: nil scheduler", j.key)
-	}
-	sc := j.slots.sched
-	all := GocronOptions(j.key)
-	if !sc.IsCron() {
-		start := sc.Next(time.Now().Add(10 * time.Millisecond))
-		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
-	}
-	all = append(all, opts...)
-	gj, err := s.NewJob(definition(sc), j.Task(), all...)
-	if err != nil {
-		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
-	}
-	if j.slots.catchUp > 0 {
-		_, err = s.NewJob(gocron.OneTimeJob(gocron.OneTimeJobStartImmediately()), j.Task(),
-			gocron.WithName(j.key), gocron.WithSingletonMode(gocron.LimitModeReschedule))
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("pglock: Job %q: Schedule its catch-up: %w", j.key, err), s.RemoveJob(gj.ID()))
-		}
-	}
-	return gj, nil
 }
 
 // definition is the gocron job definition of s.
@@ -289,11 +268,11 @@ func (s *slotted) tick(ctx context.Context) error {
 	}
 	switch r.Status {
 	case store.ClaimTaken:
-		j.c.skippedSlot(j.key, ReasonSlotClaimed, slot, 1)
+		j.c.skippedSlot(j.key, SkipSlotClaimed, slot, 1)
 		s.watchDue(r)
 		return nil
 	case store.ClaimLate:
-		j.c.skippedSlot(j.key, ReasonSlotMissed, slot, 1)
+		j.c.skippedSlot(j.key, SkipSlotMissed, slot, 1)
 	}
 	var catchUp []time.Time
 	if !r.Prior.IsZero() {
@@ -306,7 +285,7 @@ func (s *slotted) tick(ctx context.Context) error {
 			missed, catchUp = missed[:len(missed)-1], append(catchUp, m)
 		}
 		if len(missed) > 0 {
-			j.c.skippedSlot(j.key, ReasonSlotMissed, missed[len(missed)-1], len(missed))
+			j.c.skippedSlot(j.key, SkipSlotMissed, missed[len(missed)-1], len(missed))
 		}
 	}
 	var errs []error
@@ -319,9 +298,9 @@ func (s *slotted) tick(ctx context.Context) error {
 		case mr.Status == store.ClaimClaimed:
 			errs = append(errs, s.run(ctx, m, ml, 1))
 		case mr.Status == store.ClaimLate:
-			j.c.skippedSlot(j.key, ReasonSlotMissed, m, 1)
+			j.c.skippedSlot(j.key, SkipSlotMissed, m, 1)
 		case mr.Status == store.ClaimTaken:
-			j.c.skippedSlot(j.key, ReasonSlotClaimed, m, 1)
+			j.c.skippedSlot(j.key, SkipSlotClaimed, m, 1)
 		}
 	}
 	if l != nil {
@@ -363,8 +342,8 @@ func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx contex
 		return acquireReply{token: r.Token, ok: err == nil && r.Token > 0, err: err}
 	})
 	switch {
-	case abandoned:
-		return reply, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+	case abandoned: // the call goes on, and writes reply: read it no more
+		return store.SlotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	case ar.err != nil:
 		if mayHaveReached(ar.err) {
 			c.undoAcquire(key, owner, s.j.ttl)

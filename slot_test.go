@@ -115,7 +115,7 @@ func TestSlotRunsOnceWhenTimersFireFortyPercentOfTheTTLApart(t *testing.T) {
 		require.Equal(t, slot, runs.slots()[len(runs.slots())-1])
 	}
 	require.Len(t, runs.all(), 2, "each slot runs once: %+v", runs.all())
-	requireEvents(t, &events, 2, pglock.EventJobSkipped, "reports:hourly", pglock.ReasonSlotClaimed)
+	requireEvents(t, &events, 2, pglock.EventJobSkipped, "reports:hourly", pglock.SkipSlotClaimed)
 }
 
 // An owner paused past its lease (its clock stands still: it never renews, and
@@ -184,7 +184,7 @@ func TestSlotMissedWhileTheFleetWasDownRunsOnceOnReturnOnlyWithCatchUp(t *testin
 			if tc.caughtUp {
 				want = []time.Time{first, missed, back}
 			} else {
-				requireEvents(t, &events, 1, pglock.EventJobSkipped, "exports:nightly", pglock.ReasonSlotMissed)
+				requireEvents(t, &events, 1, pglock.EventJobSkipped, "exports:nightly", pglock.SkipSlotMissed)
 			}
 			require.Equal(t, want, runs.slots())
 		})
@@ -277,7 +277,7 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 	require.Equal(t, 1, logged, "the log has the retry's row alone")
 	stopped.Advance(time.Second)
 	require.ErrorIs(t, receive(t, deadRun), pglock.ErrLockLost)
-	requireEvents(t, &events, 1, pglock.EventJobSkipped, "exports:ledger", pglock.ReasonSlotClaimed)
+	requireEvents(t, &events, 1, pglock.EventJobSkipped, "exports:ledger", pglock.SkipSlotClaimed)
 }
 
 func TestSlotBadInputGetsAClearErrorAndRegistersNothing(t *testing.T) {
@@ -433,7 +433,7 @@ func TestSlotHistoryRecordsEachRunWithItsSlot(t *testing.T) {
 		}
 		s := statuses[0]
 		return *s.Slots == pglock.JobSlots{Last: slot, OK: 1, Retried: 1} && s.LastRun.Slot.Equal(slot) &&
-			s.Skips[0].Reason == pglock.ReasonSlotClaimed && s.Skips[0].Instance == "b"
+			s.Skips[0].Reason == pglock.SkipSlotClaimed && s.Skips[0].Instance == "b"
 	}, 10*time.Second, 10*time.Millisecond)
 }
 

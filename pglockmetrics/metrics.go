@@ -12,11 +12,11 @@
 //     key was held, or every permit of the semaphore, for the whole wait), canceled (the
 //     caller's ctx ended), closed, invalid (bad input), error (the store's);
 //   - pglock.releases {release}, by kind;
-//   - pglock.locks.lost {lock}, by kind and reason (pglock.Reason: expired, refused, ...);
+//   - pglock.locks.lost {lock}, by kind and reason (pglock.LostReason: expired, refused, ...);
 //   - pglock.renewal.failures {call}: renewal calls that failed (a lock is lost only if
 //     they go on failing until its deadline);
 //   - pglock.job.runs {run}, by pglock.job.name and outcome (pglock.Outcome);
-//   - pglock.job.skips {tick}, by pglock.job.name and reason: ticks skipped, and the
+//   - pglock.job.skips {tick}, by pglock.job.name and reason (pglock.SkipReason): ticks skipped, and the
 //     slots of a job with a schedule that another tick claimed (slot-claimed) or
 //     nobody ran (slot-missed);
 //   - pglock.job.retries {run}, by pglock.job.name: runs that were a slot's attempt
@@ -99,14 +99,14 @@ const (
 
 var kinds = []string{KindLock, KindPermit}
 
-// lostReasons are the reasons a lock is lost (pglock.LockLostError.Reason).
-var lostReasons = []pglock.Reason{pglock.ReasonExpired, pglock.ReasonRefused, pglock.ReasonReleaseRefused}
+// lostReasons are the reasons a lock is lost.
+var lostReasons = []pglock.LostReason{pglock.LostExpired, pglock.LostRefused, pglock.LostReleaseRefused}
 
 // jobOutcomes and skipReasons are a job's runs' outcomes and its ticks' skip reasons.
 var (
 	jobOutcomes = []pglock.Outcome{pglock.OutcomeOK, pglock.OutcomeError, pglock.OutcomePanicked, pglock.OutcomeLost}
-	skipReasons = []pglock.Reason{pglock.ReasonOtherInstance, pglock.ReasonRunInProgress, pglock.ReasonLimitReached,
-		pglock.ReasonLeaseInDoubt}
+	skipReasons = []pglock.SkipReason{pglock.SkipOtherInstance, pglock.SkipRunInProgress, pglock.SkipLimitReached,
+		pglock.SkipLeaseInDoubt}
 )
 
 // buckets are the histograms' bounds, in seconds: from a millisecond (a store call on a
@@ -221,7 +221,7 @@ func (m *Metrics) Handle(ev pglock.Event) {
 	case pglock.EventReleased:
 		m.releases.Add(ctx, 1, metric.WithAttributes(kindOf(ev)))
 	case pglock.EventLost:
-		m.lost.Add(ctx, 1, metric.WithAttributes(kindOf(ev), attribute.String("reason", string(ev.Reason))))
+		m.lost.Add(ctx, 1, metric.WithAttributes(kindOf(ev), attribute.String("reason", string(ev.LostReason))))
 	case pglock.EventRenewal:
 		m.renewalDuration.Record(ctx, ev.Duration.Seconds())
 		if ev.Err != nil {
@@ -248,7 +248,7 @@ func (m *Metrics) Handle(ev pglock.Event) {
 		}
 	case pglock.EventJobSkipped:
 		m.jobSkips.Add(ctx, int64(max(ev.Count, 1)), metric.WithAttributes(attribute.String(jobAttribute, ev.Key),
-			attribute.String("reason", string(ev.Reason))))
+			attribute.String("reason", string(ev.SkipReason))))
 	}
 }
 
@@ -305,7 +305,7 @@ func (m *Metrics) observe(_ context.Context, o metric.Observer) error {
 		h := c.Health()
 		locks += int64(h.LocksHeld - h.PermitsHeld)
 		permits += int64(h.PermitsHeld)
-		led += int64(h.Leading)
+		led += int64(h.ElectionsLed)
 		dropped += h.EventsDropped
 	}
 	o.ObserveInt64(m.held, locks, metric.WithAttributes(attribute.String("kind", KindLock)))

@@ -452,9 +452,9 @@ func TestMetricsCountSlots(t *testing.T) {
 	job := "exports:nightly"
 	slot := time.Date(2026, 1, 2, 2, 0, 0, 0, time.UTC)
 	for _, ev := range []pglock.Event{
-		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonSlotClaimed, Slot: slot, Count: 1},
-		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonSlotMissed, Slot: slot, Count: 5},
-		{Type: pglock.EventJobSkipped, Key: job, Reason: pglock.ReasonOtherInstance}, // Count unset: one tick
+		{Type: pglock.EventJobSkipped, Key: job, SkipReason: pglock.SkipSlotClaimed, Slot: slot, Count: 1},
+		{Type: pglock.EventJobSkipped, Key: job, SkipReason: pglock.SkipSlotMissed, Slot: slot, Count: 5},
+		{Type: pglock.EventJobSkipped, Key: job, SkipReason: pglock.SkipOtherInstance}, // Count unset: one tick
 		{Type: pglock.EventJobRan, Key: job, Outcome: pglock.OutcomeError, Slot: slot, Attempt: 1},
 		{Type: pglock.EventJobRan, Key: job, Outcome: pglock.OutcomeOK, Slot: slot, Attempt: 2},
 	} {

@@ -151,7 +151,7 @@ func TestBrowserForceReleaseAfterConfirmation(t *testing.T) {
 	t.Logf("the holder's ctx ended %v after the click on Yes", time.Since(clicked).Round(time.Millisecond))
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 
 	tb.waitFor(2*time.Second, `document.getElementById("flash").textContent.includes("force-released")`, "the page says what it broke")
 	require.Contains(t, eval[string](tb, `document.getElementById("flash").textContent`), strconv.FormatInt(l.Token(), 10))

@@ -112,7 +112,7 @@ type locksData struct {
 	Columns   []sortColumn
 	Rows      []lockRow
 	Total     int
-	Held      int
+	HeldCount int // rows whose lock is Held
 	Page      int
 	Pages     int
 	First     int // 1-based index of the first row shown
@@ -206,7 +206,7 @@ func (c *console) locks(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, l := range infos {
 		if l.Held {
-			d.Held++
+			d.HeldCount++
 		}
 	}
 	d.Now = stamp(now)

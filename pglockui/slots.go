@@ -84,9 +84,9 @@ func slotsOf(runs []pglock.JobRun, status *pglock.JobStatus, policy *pglock.Slot
 		d.Counts = status.Slots
 		for _, k := range status.Skips {
 			switch k.Reason {
-			case pglock.ReasonSlotClaimed:
+			case pglock.SkipSlotClaimed:
 				d.Claimed.By, d.Claimed.Total = append(d.Claimed.By, k), d.Claimed.Total+k.Count
-			case pglock.ReasonSlotMissed:
+			case pglock.SkipSlotMissed:
 				d.Missed.By, d.Missed.Total = append(d.Missed.By, k), d.Missed.Total+k.Count
 			}
 		}
@@ -120,15 +120,15 @@ func slotTitle(r slotRow) string {
 		b.WriteString(" (retried)")
 	}
 	fmt.Fprintf(&b, "; started %s after its slot", human(r.Delay()))
-	if r.Last.Err != "" {
-		b.WriteString(": " + r.Last.Err)
+	if r.Last.Error != "" {
+		b.WriteString(": " + r.Last.Error)
 	}
 	return b.String()
 }
 
 // skipTitle is a skip mark's tooltip.
 func skipTitle(k pglock.JobSkips) string {
-	if k.Reason == pglock.ReasonSlotMissed {
+	if k.Reason == pglock.SkipSlotMissed {
 		return fmt.Sprintf("%s: %d × a slot missed (no tick ran it), the last counted at %s", k.Instance, k.Count, k.Last.Local().Format("15:04:05"))
 	}
 	return fmt.Sprintf("%s: %d × a tick that found its slot claimed by another, the last at %s", k.Instance, k.Count, k.Last.Local().Format("15:04:05"))

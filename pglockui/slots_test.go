@@ -91,8 +91,8 @@ func runSlots(t *testing.T, pool *pgxpool.Pool) slotHistory {
 		}
 		s := statuses[0]
 		return s.Slots.Retried == 1 && s.Slots.OK == 3 &&
-			slices.ContainsFunc(s.Skips, func(k pglock.JobSkips) bool { return k.Reason == pglock.ReasonSlotClaimed }) &&
-			slices.ContainsFunc(s.Skips, func(k pglock.JobSkips) bool { return k.Reason == pglock.ReasonSlotMissed })
+			slices.ContainsFunc(s.Skips, func(k pglock.JobSkips) bool { return k.Reason == pglock.SkipSlotClaimed }) &&
+			slices.ContainsFunc(s.Skips, func(k pglock.JobSkips) bool { return k.Reason == pglock.SkipSlotMissed })
 	}, 15*time.Second, 20*time.Millisecond, "the runs, the retry and the skips in the history")
 	return h
 }

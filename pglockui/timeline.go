@@ -161,8 +161,8 @@ func runTitle(r pglock.JobRun) string {
 	if !r.Slot.IsZero() {
 		s += fmt.Sprintf(", slot %s, attempt %d", r.Slot.Local().Format("15:04:05.000"), r.Attempt)
 	}
-	if r.Err != "" {
-		s += ": " + r.Err
+	if r.Error != "" {
+		s += ": " + r.Error
 	}
 	return s
 }

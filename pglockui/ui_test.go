@@ -69,7 +69,8 @@ func TestEveryPageRendersRealData(t *testing.T) {
 		old := rowOf(t, body, "inventory:old")
 		require.Contains(t, old, `class="free"`)
 		require.NotContains(t, old, "force-release", "a free key has nothing to release")
-		require.Contains(t, body, `<span id="health" class="ready"`)
+		require.Contains(t, body, `<span id="health" class="ready" title="this instance's pglock client: 1 locks held, leading 0 elections">`)
+		require.Regexp(t, `<p class="summary" id="summary">\d+ locks, 3 held\.</p>`, body, "the feed and two permits")
 		// The semaphore's permits, one row each under its key, with their own tokens.
 		for i, l := range permits {
 			row := permitRowOf(t, body, "exports", i+1)
@@ -240,7 +241,7 @@ func TestForceReleaseThroughTheConsole(t *testing.T) {
 	t.Logf("the holder's ctx ended %v after the force-release", time.Since(released).Round(time.Millisecond))
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, context.Cause(l.Context()), &lost)
-	require.Equal(t, pglock.ReasonRefused, lost.Reason)
+	require.Equal(t, pglock.LostRefused, lost.Reason)
 
 	next := holder(t, other, "inventory:feed", ttl)
 	require.Greater(t, next.Token(), l.Token())

@@ -155,8 +155,8 @@ func printJobs(w io.Writer, jobs []pglock.JobStatus, now time.Time, width int) {
 		failure := "-"
 		if f := j.LastFailure; f != nil {
 			failure = relative(f.Started.Sub(now)) + " on " + text(f.Instance) + ", " + string(f.Outcome)
-			if f.Err != "" {
-				failure += ": " + text(f.Err)
+			if f.Error != "" {
+				failure += ": " + text(f.Error)
 			}
 		}
 		t.row(append(cells, failure, skipSummary(j.Skips))...)
@@ -169,7 +169,7 @@ func skipSummary(skips []pglock.JobSkips) string {
 	if len(skips) == 0 {
 		return "-"
 	}
-	by := map[pglock.Reason]int64{}
+	by := map[pglock.SkipReason]int64{}
 	var reasons []string
 	for _, s := range skips {
 		if by[s.Reason] == 0 {
@@ -180,7 +180,7 @@ func skipSummary(skips []pglock.JobSkips) string {
 	sort.Strings(reasons)
 	parts := make([]string, len(reasons))
 	for i, r := range reasons {
-		parts[i] = r + " " + strconv.FormatInt(by[pglock.Reason(r)], 10)
+		parts[i] = r + " " + strconv.FormatInt(by[pglock.SkipReason(r)], 10)
 	}
 	return strings.Join(parts, ", ")
 }
@@ -194,7 +194,7 @@ func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.T
 		t := newTable(w, width, "STARTED (UTC)", "ON", "TOKEN", "TOOK", "OUTCOME", "ERROR").clip(5, 12).clip(1, 12)
 		for _, r := range runs {
 			t.row(stamp(r.Started), text(r.Instance), strconv.FormatInt(r.Token, 10), span(r.Ended.Sub(r.Started)),
-				string(r.Outcome), text(r.Err))
+				string(r.Outcome), text(r.Error))
 		}
 		t.flush()
 	default:
@@ -205,7 +205,7 @@ func printRuns(w io.Writer, runs []pglock.JobRun, j pglock.JobStatus, now time.T
 				slot, attempt = stamp(r.Slot), strconv.Itoa(r.Attempt)
 			}
 			t.row(slot, attempt, relative(r.Started.Sub(now)), text(r.Instance), strconv.FormatInt(r.Token, 10),
-				span(r.Ended.Sub(r.Started)), string(r.Outcome), text(r.Err))
+				span(r.Ended.Sub(r.Started)), string(r.Outcome), text(r.Error))
 		}
 		t.flush()
 	}
@@ -249,7 +249,7 @@ type runJSON struct {
 func toRunJSON(r pglock.JobRun) runJSON {
 	out := runJSON{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
 		Started: r.Started.UTC(), Ended: r.Ended.UTC(), DurationSeconds: r.Ended.Sub(r.Started).Seconds(),
-		Outcome: string(r.Outcome), Error: r.Err, Attempt: r.Attempt}
+		Outcome: string(r.Outcome), Error: r.Error, Attempt: r.Attempt}
 	if !r.Slot.IsZero() {
 		slot := r.Slot.UTC()
 		out.Slot = &slot

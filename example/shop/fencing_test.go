@@ -79,7 +79,7 @@ func TestFencingTheDatabaseRefusesThePausedInstancesStaleWrite(t *testing.T) {
 	err := p.resultA(t)
 	var lost *pglock.LockLostError
 	require.ErrorAs(t, err, &lost) // its run lock's release is refused: B has it
-	require.Equal(t, pglock.ReasonReleaseRefused, lost.Reason)
+	require.Equal(t, pglock.LostReleaseRefused, lost.Reason)
 	require.Equal(t, 9, p.w.kibble(t))
 	require.Equal(t, 1, p.w.logs.count("shop: skipped stale stock writes: a newer run wrote those products", "instance=a", "stale=3"))
 	var tokens int

@@ -101,7 +101,7 @@ func (r runJSON) run() JobRun {
 		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: r.Outcome,
 		Attempt: r.Attempt}
 	if r.Err != nil {
-		run.Err = *r.Err
+		run.Error = *r.Err
 	}
 	if r.SlotMS != nil {
 		run.Slot = time.UnixMilli(*r.SlotMS)
@@ -215,7 +215,7 @@ func (s *memoryStore) RecordRun(_ context.Context, r RunRecord, retention time.D
 	now := s.clock.Now()
 	ended := now.Add(-max(time.Since(r.Ended), 0))
 	run := JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token, Started: ended.Add(-r.Duration),
-		Ended: ended, Outcome: r.Outcome, Err: r.Err, Slot: r.Slot, Attempt: r.Attempt}
+		Ended: ended, Outcome: r.Outcome, Error: r.Err, Slot: r.Slot, Attempt: r.Attempt}
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -50,7 +50,7 @@ type (
 		Token                int64
 		Started, Ended       time.Time
 		Outcome              string
-		Err                  string
+		Error                string
 		Slot                 time.Time
 		Attempt              int
 	}

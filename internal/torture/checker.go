@@ -895,7 +895,7 @@ func (c *checker) tickSkips(runs map[int64][]Record) {
 			continue
 		}
 		st.TicksNowhere++
-		if slices.Contains(reasons[n], string(pglock.ReasonLeaseInDoubt)) {
+		if slices.Contains(reasons[n], string(pglock.SkipLeaseInDoubt)) {
 			st.TicksNowhereInDoubt++
 		}
 	}

@@ -575,7 +575,7 @@ func TestCheckerCatchesTheOldBehaviours(t *testing.T) {
 			})
 			for i, r := range h.Records {
 				if r.F == fRelease && r.Type == typeOK && (r.Token == 20 || r.Token == 21) {
-					h.Records[i].Type, h.Records[i].Reason = typeFail, string(pglock.ReasonExpired)
+					h.Records[i].Type, h.Records[i].Reason = typeFail, string(pglock.LostExpired)
 				}
 			}
 			h.Records = append(h.Records,
@@ -730,7 +730,7 @@ func paths(h *History) *History {
 		rec(Record{Worker: "w1.1", Type: typeEvent, F: fCtxLost, Key: l.key, Token: l.token, Local: at(l.deadline)})
 		rec(Record{Worker: "w1.1", Type: typeEvent, F: string(pglock.EventLost), Key: l.key, Token: l.token, Local: at(l.deadline + 1)})
 		rec(Record{Worker: "w1.1", Type: typeInvoke, F: fRelease, Key: l.key, Token: l.token, Local: at(9000)})
-		rec(Record{Worker: "w1.1", Type: typeFail, F: fRelease, Key: l.key, Token: l.token, Local: at(9001), Reason: string(pglock.ReasonExpired)})
+		rec(Record{Worker: "w1.1", Type: typeFail, F: fRelease, Key: l.key, Token: l.token, Local: at(9001), Reason: string(pglock.LostExpired)})
 	}
 	slices.SortStableFunc(h.Leases, func(a, b LeaseRow) int { return a.At.Compare(b.At) })
 	return h
@@ -1090,18 +1090,18 @@ func TestCheckerCountsSkippedTicks(t *testing.T) {
 	t.Parallel()
 	h := baseline() // w1.1 runs ticks 100 to 102, from 100 ms on
 	rec := func(r Record) { h.Records = append(h.Records, r) }
-	skip := func(w string, n int64, from int, reason pglock.Reason) {
+	skip := func(w string, n int64, from int, reason pglock.SkipReason) {
 		rec(Record{Worker: w, Type: typeEvent, F: fSkip, Wrote: n, Start: at(from), Local: at(from + 10)})
 		if reason != "" {
 			rec(Record{Worker: w, Type: typeEvent, F: fSkipped, Key: jobKey, Reason: string(reason), Local: at(from + 5)})
 		}
 	}
-	skip("w2.1", 100, 100, pglock.ReasonOtherInstance)
-	skip("w1.1", 103, 250, pglock.ReasonLeaseInDoubt)
-	skip("w2.1", 103, 250, pglock.ReasonOtherInstance)
+	skip("w2.1", 100, 100, pglock.SkipOtherInstance)
+	skip("w1.1", 103, 250, pglock.SkipLeaseInDoubt)
+	skip("w2.1", 103, 250, pglock.SkipOtherInstance)
 	skip("w1.1", 104, 300, "") // its event was never recorded
 	// An event outside any skip's Run is not a skip's.
-	rec(Record{Worker: "w2.1", Type: typeEvent, F: fSkipped, Key: jobKey, Reason: string(pglock.ReasonLeaseInDoubt), Local: at(400)})
+	rec(Record{Worker: "w2.1", Type: typeEvent, F: fSkipped, Key: jobKey, Reason: string(pglock.SkipLeaseInDoubt), Local: at(400)})
 
 	r := check(h)
 	require.False(t, r.Failed(), "%v", r.Details)

@@ -255,9 +255,9 @@ func (w *worker) event(ev pglock.Event) {
 	switch ev.Type {
 	case pglock.EventAcquired, pglock.EventReleased, pglock.EventLost:
 		w.h.add(Record{Type: typeEvent, F: string(ev.Type), Key: permitRowKey(ev.Key, ev.Permit), Owner: ev.Owner, Token: ev.Token,
-			Reason: string(ev.Reason), Local: ev.Time})
+			Reason: string(ev.LostReason), Local: ev.Time})
 	case pglock.EventJobSkipped:
-		w.h.add(Record{Type: typeEvent, F: fSkipped, Key: ev.Key, Reason: string(ev.Reason), Local: ev.Time})
+		w.h.add(Record{Type: typeEvent, F: fSkipped, Key: ev.Key, Reason: string(ev.SkipReason), Local: ev.Time})
 	case pglock.EventRenewal:
 		r := Record{Type: typeEvent, F: fRenewal, Start: ev.Time.Add(-ev.Duration), Local: ev.Time}
 		if ev.Err != nil {
