@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pglock/internal/renewer"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // TryAcquire makes one attempt to take key and returns the *Lock, renewed in the
@@ -83,9 +84,9 @@ func (t target) undoKey(r acquireReply) string {
 	case t.permits == 0:
 		return t.key
 	case r.permit > 0:
-		return permitKey(t.key, r.permit)
+		return store.PermitKey(t.key, r.permit)
 	}
-	return t.key + permitSeparator
+	return t.key + store.PermitSeparator
 }
 
 // acquire is Acquire (Semaphore.Acquire for a permit), called at start, once its
@@ -214,7 +215,7 @@ func (c *Client) withLock(ctx context.Context, t target, lc settings, start time
 // is applyOptions'.
 func lockSettings[O any](c *Client, key, callName string, opts []O, get func(O) option) (settings, error) {
 	s := settings{ttl: c.ttl}
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return s, err
 	}
 	return s, applyOptions(&s, callName, opts, get)
@@ -238,14 +239,13 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 		return nil, fmt.Errorf("pglock: acquire %q: %w", key, context.Cause(ctx))
 	}
 	owner := c.newOwner()
-	mark := &sendMark{now: c.clock.Now, sent: c.clock.Now()}
+	mark := &store.SendMark{Now: c.clock.Now, Sent: c.clock.Now()}
 	marker, wakes, marking := w.marking()
 	r, abandoned := c.acquireCall(ctx, t, owner, ttl, mark, func(ctx context.Context) (r acquireReply) {
 		if t.permits > 0 {
-			// Client.Semaphore made sure that the store is a backend.
-			r.permit, r.token, r.ok, r.err = c.store.(backend).semAcquire(ctx, key, owner, ttl, t.permits)
+			r.permit, r.token, r.ok, r.err = c.store.SemAcquire(ctx, key, owner, ttl, t.permits)
 		} else if marking {
-			r.token, r.ok, r.wanted, r.err = marker.acquireOrWant(ctx, key, owner, ttl)
+			r.token, r.ok, r.wanted, r.err = marker.AcquireOrWant(ctx, key, owner, ttl)
 		} else {
 			r.token, r.ok, r.err = c.store.Acquire(ctx, key, owner, ttl)
 		}
@@ -271,7 +271,7 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 	case !ok:
 		return nil, fmt.Errorf("%w: key %q is held", ErrNotAcquired, key)
 	}
-	return c.newLock(t, r.permit, owner, ttl, token, start, mark.sent)
+	return c.newLock(t, r.permit, owner, ttl, token, start, mark.Sent)
 }
 
 // newOwner draws a new owner id: the client's instance name and a random suffix.
@@ -317,7 +317,7 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 	if c.laterTimeline(token) {
 		c.reconfirm(sentAt)
 	}
-	c.renewals.warmSoon(ttl)
+	c.renewals.WarmSoon(ttl)
 	if c.logger.Enabled(context.Background(), slog.LevelDebug) { // its attributes cost allocations
 		c.logger.LogAttrs(context.Background(), slog.LevelDebug, "pglock: acquired lock", slog.String("key", key),
 			slog.Int("permit", permit), slog.String("owner", owner), slog.Int64("token", token), slog.Duration("ttl", ttl))
@@ -353,7 +353,7 @@ func outage(err error) bool {
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, driver.ErrBadConn):
 		return true
 	}
-	code := sqlState(err)
+	code := store.SQLState(err)
 	// 08: connection exception; 57P01-03: the server shuts down, crashed, or cannot
 	// take connections yet; 25006: a read-only transaction, on a standby.
 	return strings.HasPrefix(code, "08") || code == "57P01" || code == "57P02" || code == "57P03" || code == "25006"
@@ -374,16 +374,16 @@ type acquireReply struct {
 // reply comes on the call's own connection, which stays open: pgx closes the connection
 // of a statement whose ctx ends, and the release would then wait for a new one, on a
 // loaded machine past the grant's expiry. But a call still waiting for a connection of
-// a *pgxpool.Pool when ctx ends is never sent (see sendMark), and mark.sent is when the
+// a *pgxpool.Pool when ctx ends is never sent (see sendMark), and mark.Sent is when the
 // call had its connection.
 func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl time.Duration,
-	mark *sendMark, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
+	mark *store.SendMark, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
 	if ctx.Done() == nil {
-		return call(withSendMark(ctx, mark)), false
+		return call(store.WithSendMark(ctx, mark)), false
 	}
 	h := c.handBacks
-	mark.wait = ctx
-	cctx, cancel := context.WithCancel(withSendMark(context.WithoutCancel(ctx), mark))
+	mark.Wait = ctx
+	cctx, cancel := context.WithCancel(store.WithSendMark(context.WithoutCancel(ctx), mark))
 	replies := make(chan acquireReply, 1)
 	var (
 		taken atomic.Bool // by the first of: the reply for the caller, the caller giving up
@@ -407,7 +407,7 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 		return r, false
 	case <-ctx.Done():
 	}
-	timeout := time.AfterFunc(storeTimeout, cancel)
+	timeout := time.AfterFunc(store.Timeout, cancel)
 	if h.await() {
 		unclose := context.AfterFunc(h.ctx, cancel) // Close gave up waiting
 		stop = func() { timeout.Stop(); unclose() }
@@ -428,36 +428,3 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 func jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
-
-// sendMark rides on the ctx of an acquisition's store call (withSendMark) to the pgx
-// store on a *pgxpool.Pool, which takes a connection of the pool itself before it sends
-// the statement (sendMark.conn): the lease counts from when the call had its connection,
-// not from before a wait for a busy pool (which made the client refuse, and hand back,
-// grants it could have kept), and a call whose caller gave up while it waited for a
-// connection is never sent, so that nothing is granted to be handed back (on a pool
-// opening connections over a slow link, both left keys held by nobody until their
-// expiry). Other stores leave sent as it was, the time before the call.
-type sendMark struct {
-	wait context.Context  // the caller's ctx, which a detached call's wait for a connection ends with; nil: none
-	now  func() time.Time // the client's clock
-	sent time.Time        // read once the call has returned
-}
-
-type sendMarkKey struct{}
-
-func withSendMark(ctx context.Context, m *sendMark) context.Context {
-	return context.WithValue(ctx, sendMarkKey{}, m)
-}
-
-func sendMarkOf(ctx context.Context) *sendMark {
-	m, _ := ctx.Value(sendMarkKey{}).(*sendMark)
-	return m
-}
-
-// notSentError is a call that gave up waiting for a connection, its caller gone: nothing
-// reached the server (SafeToRetry, so mayHaveReached says false).
-type notSentError struct{ cause error }
-
-func (e notSentError) Error() string     { return e.cause.Error() }
-func (e notSentError) Unwrap() error     { return e.cause }
-func (e notSentError) SafeToRetry() bool { return true }

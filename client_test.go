@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/pglocktest"
 )
@@ -108,7 +109,7 @@ func TestBadOptionsNameTheOption(t *testing.T) {
 func TestStoreOnNilFailsWithAClearError(t *testing.T) {
 	t.Parallel()
 	var nilPool *pgxpool.Pool
-	for name, store := range map[string]pglock.Store{
+	for name, store := range map[string]*pglock.Store{
 		"NilQueryer":   pglock.NewPostgresStore(nil),
 		"TypedNilPool": pglock.NewPostgresStore(nilPool),
 		"NilSQLDB":     pglock.NewSQLStore(nil),
@@ -118,15 +119,15 @@ func TestStoreOnNilFailsWithAClearError(t *testing.T) {
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 			require.ErrorContains(t, err, "nil db")
 			require.Nil(t, c)
-			_, _, err = store.Acquire(t.Context(), "k", "o", time.Second)
+			_, _, err = pglock.InternalStore(store).Acquire(t.Context(), "k", "o", time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.Renew(t.Context(), "k", "o", time.Second)
+			_, err = pglock.InternalStore(store).Renew(t.Context(), "k", "o", time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.Release(t.Context(), "k", "o")
+			_, err = pglock.InternalStore(store).Release(t.Context(), "k", "o")
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = pglock.StoreRenewMany(t.Context(), store, []string{"k"}, []string{"o"}, time.Second)
+			_, err = storeRenewMany(t.Context(), store, []string{"k"}, []string{"o"}, time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = pglock.StoreHolder(t.Context(), store, "k")
+			_, err = storeHolder(t.Context(), store, "k")
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 		})
 	}
@@ -134,7 +135,7 @@ func TestStoreOnNilFailsWithAClearError(t *testing.T) {
 
 // zeroTokenStore is a broken store: it hands out token 0.
 type zeroTokenStore struct {
-	pglock.Store
+	store.Store
 	released atomic.Int32
 }
 
@@ -148,11 +149,16 @@ func (s *zeroTokenStore) Release(ctx context.Context, key, owner string) (bool, 
 	return s.Store.Release(ctx, key, owner)
 }
 
+func (s *zeroTokenStore) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+	s.released.Add(1)
+	return s.Store.ReleaseMany(ctx, keys, owners)
+}
+
 func TestStoreAnsweringNonPositiveTokenIsRefused(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
-	broken := &zeroTokenStore{Store: pglock.NewPostgresStore(pool)}
-	c := newClient(t, broken)
+	broken := &zeroTokenStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pool))}
+	c := newClient(t, pglock.WrapStore(broken))
 	_, err := c.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrInvalidToken)
 	require.Eventually(t, func() bool { // handed back in the background
@@ -166,27 +172,27 @@ func TestStoreAnsweringNonPositiveTokenIsRefused(t *testing.T) {
 func TestStoreRejectsBadCalls(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
-	for name, store := range map[string]pglock.Store{
+	for name, store := range map[string]*pglock.Store{
 		"Postgres": pglock.NewPostgresStore(pool),
 		"Memory":   pglock.NewMemoryStore(nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			ctx := t.Context()
-			_, _, err := store.Acquire(ctx, "", "o", time.Second)
+			_, _, err := pglock.InternalStore(store).Acquire(ctx, "", "o", time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidKey)
-			_, _, err = store.Acquire(ctx, "k", "", time.Second)
+			_, _, err = pglock.InternalStore(store).Acquire(ctx, "k", "", time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, _, err = store.Acquire(ctx, "k", "o", 0)
+			_, _, err = pglock.InternalStore(store).Acquire(ctx, "k", "o", 0)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.Renew(ctx, "k", "o", -time.Second)
+			_, err = pglock.InternalStore(store).Renew(ctx, "k", "o", -time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidArgument)
-			_, err = store.Release(ctx, "k\x00", "o")
+			_, err = pglock.InternalStore(store).Release(ctx, "k\x00", "o")
 			require.ErrorIs(t, err, pglock.ErrInvalidKey)
-			_, _, err = store.Acquire(ctx, "k\x1f1", "o", time.Second)
+			_, _, err = pglock.InternalStore(store).Acquire(ctx, "k\x1f1", "o", time.Second)
 			require.ErrorIs(t, err, pglock.ErrInvalidKey, "a permit's row key: taken only through its semaphore")
 		})
 	}
-	_, err := pglock.StoreRenewMany(t.Context(), pglock.NewPostgresStore(pool), []string{"a"}, nil, time.Second)
+	_, err := storeRenewMany(t.Context(), pglock.NewPostgresStore(pool), []string{"a"}, nil, time.Second)
 	require.ErrorIs(t, err, pglock.ErrInvalidArgument)
 	require.Empty(t, lockKeys(t, pool))
 }
@@ -353,7 +359,7 @@ func TestRenewalsKeepALockPastItsTTL(t *testing.T) {
 // take the key and the client still holds it. It returns false, having told nothing,
 // when the lock was lost while a renewal call or a stall of the process took as long
 // as a renewal's interval.
-func keptPastTTL(t *testing.T, pool *pgxpool.Pool, store pglock.Store, b *pglock.Client, stalls *stallWatch, ttl time.Duration) bool {
+func keptPastTTL(t *testing.T, pool *pgxpool.Pool, store *pglock.Store, b *pglock.Client, stalls *stallWatch, ttl time.Duration) bool {
 	t.Helper()
 	ctx := t.Context()
 	var slowest atomic.Int64 // the longest renewal call, in nanoseconds: set by the client's one event goroutine
@@ -395,11 +401,11 @@ func keptPastTTL(t *testing.T, pool *pgxpool.Pool, store pglock.Store, b *pglock
 func TestFailedRenewalsLoseTheLockAtItsDeadline(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
-	store := &failingStore{Store: pglock.NewPostgresStore(pool)}
+	store := &failingStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pool))}
 	clock := pglocktest.NewManualClock(time.Now())
 	var events []pglock.Event
 	var mu sync.Mutex
-	c := newClient(t, store, pglock.TTL(time.Minute), pglock.WithClock(clock), pglock.WithEventHandler(func(e pglock.Event) {
+	c := newClient(t, pglock.WrapStore(store), pglock.TTL(time.Minute), pglock.WithClock(clock), pglock.WithEventHandler(func(e pglock.Event) {
 		if e.Type == pglock.EventRenewal {
 			return // one per renewal call
 		}

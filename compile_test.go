@@ -96,7 +96,7 @@ func (ownOption) everyOption() {}
 
 func main() {}
 
-func calls(ctx context.Context, c *pglock.Client, pool *pgxpool.Pool, store pglock.Store, logger *slog.Logger,
+func calls(ctx context.Context, c *pglock.Client, pool *pgxpool.Pool, store *pglock.Store, logger *slog.Logger,
 	clock pglock.Clock, d time.Duration, fn func(context.Context) error, leader pglock.LeaderCallbacks) {
 	_ = ownOption{}
 //line calls.go:1
@@ -186,4 +186,40 @@ func buildAgainstPglock(t *testing.T, files map[string]string) map[string]string
 		require.NotEmpty(t, messages, "go build failed with no compiler output: %s", stderr.String())
 	}
 	return messages
+}
+
+// Store is opaque: a type of another package with a store's methods is no Store, nor is
+// a type that embeds one, and the compiler says so.
+func TestStoreCannotBeImplementedOutsidePglock(t *testing.T) {
+	t.Parallel()
+	messages := buildAgainstPglock(t, map[string]string{
+		"outside/store.go": `package outside
+
+import (
+	"context"
+	"time"
+
+	"github.com/pgfence/pglock"
+)
+
+type store struct{}
+
+func (store) Acquire(context.Context, string, string, time.Duration) (int64, bool, error) { return 1, true, nil }
+func (store) Renew(context.Context, string, string, time.Duration) (bool, error)          { return true, nil }
+func (store) Release(context.Context, string, string) (bool, error)                       { return true, nil }
+
+var _, _ = pglock.NewWithStore(store{})
+`,
+		"wrapper/store.go": `package wrapper
+
+import "github.com/pgfence/pglock"
+
+type store struct{ *pglock.Store }
+
+var _, _ = pglock.NewWithStore(store{pglock.NewMemoryStore(nil)})
+`,
+	})
+	for _, pkg := range []string{"outside", "wrapper"} {
+		require.Contains(t, messages[pkg], "as *pglock.Store value in argument to pglock.NewWithStore", pkg)
+	}
 }

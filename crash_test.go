@@ -90,7 +90,7 @@ func TestCrashLosesAReleaseOnlyUntilItsExpiry(t *testing.T) {
 		closeA()
 
 		b, pool, _ := crashClient(t, url, "crash-b")
-		h, err := pglock.StoreHolder(ctx, pglock.NewPostgresStore(pool), key)
+		h, err := storeHolder(ctx, pglock.NewPostgresStore(pool), key)
 		require.NoError(t, err)
 		if !h.Held {
 			// A released row has no owner; a row whose release was lost keeps it after
@@ -145,7 +145,7 @@ func TestCrashAfterAReleaseAndAnAcquisitionKeepsBoth(t *testing.T) {
 
 	// Read before the clients close: b's Close would hand the key back.
 	_, pool, _ := crashClient(t, url, "crash-c")
-	h, err := pglock.StoreHolder(ctx, pglock.NewPostgresStore(pool), key)
+	h, err := storeHolder(ctx, pglock.NewPostgresStore(pool), key)
 	require.NoError(t, err)
 	require.True(t, h.Held, "the acquisition survived the crash")
 	require.Equal(t, lb.Owner(), h.Owner, "the acquisition survived the crash, and with it the release before it")

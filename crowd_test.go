@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 )
 
@@ -25,7 +26,8 @@ import (
 // (lock_acquire, lock_acquire_or_want, queue_acquire). It keeps the store's
 // capabilities (markWanted above all, so that its clients listen).
 type countingStore struct {
-	*postgresStore
+	store.Store
+	store.Wanter
 	attempts *atomic.Int64
 	marks    *atomic.Int64 // lock_want calls
 	polls    *atomic.Int64 // queue_poll calls
@@ -47,15 +49,25 @@ func (d *durations) add(v time.Duration) {
 	d.mu.Unlock()
 }
 
-func (s countingStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
-	s.attempts.Add(1)
-	return s.postgresStore.queueAcquire(ctx, t, owner, ttl)
+// newCountingStore returns a countingStore on pool.
+func newCountingStore(pool *pgxpool.Pool, attempts, marks, polls, claims *atomic.Int64, claimCalls *durations) countingStore {
+	s := NewPostgresStore(pool).s
+	return countingStore{Store: s, Wanter: s.(store.Wanter), attempts: attempts, marks: marks, polls: polls, claims: claims,
+		claimCalls: claimCalls}
 }
 
-func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
+// Unwrap returns the PostgreSQL store, for the renewals (see store.NewRenewals).
+func (s countingStore) Unwrap() store.Store { return s.Store }
+
+func (s countingStore) QueueAcquire(ctx context.Context, t store.Target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
+	s.attempts.Add(1)
+	return s.Store.QueueAcquire(ctx, t, owner, ttl)
+}
+
+func (s countingStore) QueuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	s.polls.Add(1)
 	start := time.Now()
-	permit, token, queued, ahead, err := s.postgresStore.queuePoll(ctx, key, ticket)
+	permit, token, queued, ahead, err := s.Store.QueuePoll(ctx, key, ticket)
 	if token > 0 {
 		s.claims.Add(1)
 		s.claimCalls.add(time.Since(start))
@@ -65,17 +77,17 @@ func (s countingStore) queuePoll(ctx context.Context, key string, ticket int64) 
 
 func (s countingStore) Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error) {
 	s.attempts.Add(1)
-	return s.postgresStore.Acquire(ctx, key, owner, ttl)
+	return s.Store.Acquire(ctx, key, owner, ttl)
 }
 
-func (s countingStore) markWanted(ctx context.Context, key string) (bool, error) {
+func (s countingStore) MarkWanted(ctx context.Context, key string) (bool, error) {
 	s.marks.Add(1)
-	return s.postgresStore.markWanted(ctx, key)
+	return s.Wanter.MarkWanted(ctx, key)
 }
 
-func (s countingStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
+func (s countingStore) AcquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
 	s.attempts.Add(1)
-	return s.postgresStore.acquireOrWant(ctx, key, owner, ttl)
+	return s.Wanter.AcquireOrWant(ctx, key, owner, ttl)
 }
 
 // stoppedClock never moves: a waiter on it never polls, so only a release's wake-up
@@ -165,8 +177,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	tb.Helper()
 	var attempts, marks, polls, claims atomic.Int64
 	claimCalls := &durations{}
-	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks,
-		polls: &polls, claims: &claims, claimCalls: claimCalls}
+	counting := &Store{newCountingStore(pool, &attempts, &marks, &polls, &claims, claimCalls)}
 	var acquireOpts []AcquireOption
 	if cr.fair {
 		acquireOpts = append(acquireOpts, Fair())
@@ -197,7 +208,7 @@ func (cr crowd) run(ctx context.Context, tb testing.TB, pool *pgxpool.Pool, key 
 	var clients []*Client
 	lastAcquired := make([]atomic.Int64, cr.clients) // unix nanoseconds, by client
 	for i := range cr.clients {
-		c, err := newClient(store, "New", opts)
+		c, err := newClient(counting, "New", opts)
 		require.NoError(tb, err)
 		clients = append(clients, c)
 		defer func() { require.NoError(tb, c.Close(context.Background())) }()
@@ -340,12 +351,9 @@ func waitOnce(ctx context.Context, tb testing.TB, c *Client, key string) {
 	<-done
 	// And its renewals' own connections, which a client opens soon after it first
 	// holds a lock (renewals.warmSoon): up in a client that has run a while.
-	c.renewals.warm()
-	c.renewals.mu.Lock()
-	own := c.renewals.own
-	c.renewals.mu.Unlock()
-	if own != nil {
-		require.Eventually(tb, func() bool { return own.Stat().IdleConns() == renewalConns }, 10*time.Second,
+	c.renewals.Warm()
+	if c.renewals.Active() {
+		require.Eventually(tb, func() bool { return c.renewals.Own().Stat().IdleConns() == store.RenewalConns }, 10*time.Second,
 			time.Millisecond, "the renewals' own connections are up")
 	}
 }
@@ -565,12 +573,12 @@ func TestWaitZeroTriesBehindAQueue(t *testing.T) {
 	pool := fenceTestDB(t)
 	ctx := t.Context()
 	clock := stoppedClock{time.Now()}
-	store := NewPostgresStore(pool)
-	holder, err := newClient(store, "New", []ClientOption{WithClock(clock), WithoutListener()})
+	s := NewPostgresStore(pool)
+	holder, err := newClient(s, "New", []ClientOption{WithClock(clock), WithoutListener()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, holder.Close(context.Background())) }()
 	key := "wait-zero/" + t.Name()
-	c, err := newClient(store, "New", []ClientOption{listenOn(pool.Config().ConnConfig), WithClock(clock)})
+	c, err := newClient(s, "New", []ClientOption{listenOn(pool.Config().ConnConfig), WithClock(clock)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(context.Background())) }()
 	// Its listener up first: one still connecting would have the waiter poll, and take
@@ -617,17 +625,12 @@ func TestCrowdClientsRenewAndReleaseAsNewsDo(t *testing.T) {
 	ctx := t.Context()
 	pool := fenceTestDB(t)
 	var attempts, marks, polls, claims atomic.Int64
-	store := countingStore{postgresStore: NewPostgresStore(pool).(*postgresStore), attempts: &attempts, marks: &marks,
-		polls: &polls, claims: &claims, claimCalls: &durations{}}
-	c, err := newClient(store, "New", []ClientOption{WithoutListener(), TTL(6 * time.Second)})
+	counting := &Store{newCountingStore(pool, &attempts, &marks, &polls, &claims, &durations{})}
+	c, err := newClient(counting, "New", []ClientOption{WithoutListener(), TTL(6 * time.Second)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close(context.Background())) }()
-	require.True(t, c.renewals.active(), "the counting store's client has no renewals' connections of its own")
-	own := func() *pgxpool.Pool {
-		c.renewals.mu.Lock()
-		defer c.renewals.mu.Unlock()
-		return c.renewals.own
-	}
+	require.True(t, c.renewals.Active(), "the counting store's client has no renewals' connections of its own")
+	own := c.renewals.Own
 	l, err := c.TryAcquire(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), attempts.Load(), "the acquisition went through the counting store")
@@ -640,16 +643,12 @@ func TestCrowdClientsRenewAndReleaseAsNewsDo(t *testing.T) {
 
 	// A later lock of a shorter ttl brings the own pool forward: its first renewal comes
 	// before the first lock's would.
-	c2, err := newClient(store, "New", []ClientOption{WithoutListener()})
+	c2, err := newClient(counting, "New", []ClientOption{WithoutListener()})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c2.Close(context.Background())) }()
 	_, err = c2.TryAcquire(ctx, "long", TTL(time.Hour)) // its own pool 10 minutes later
 	require.NoError(t, err)
 	_, err = c2.TryAcquire(ctx, "short", TTL(600*time.Millisecond))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		c2.renewals.mu.Lock()
-		defer c2.renewals.mu.Unlock()
-		return c2.renewals.own != nil
-	}, 5*time.Second, 5*time.Millisecond, "a shorter ttl's lock did not bring the own pool forward")
+	require.Eventually(t, func() bool { return c2.renewals.Own() != nil }, 5*time.Second, 5*time.Millisecond, "a shorter ttl's lock did not bring the own pool forward")
 }

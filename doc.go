@@ -159,7 +159,7 @@
 // pool whose default_transaction_isolation is repeatable read or serializable) is sent
 // again in a READ COMMITTED transaction, in one message with its BEGIN and COMMIT so
 // that the server never waits on the client while the statement's row locks are held,
-// up to four tries in all (store_retry.go); Locks' listing, which may have read rows
+// up to four tries in all (internal/store/retry.go); Locks' listing, which may have read rows
 // when it fails, returns the error.
 //
 // # Fenced writes
@@ -579,24 +579,15 @@
 //
 // A Client keeps its locks in a Store: New makes one on its pool, and NewWithStore takes
 // one of NewPostgresStore (pgx: a pool, a connection, a transaction), NewSQLStore
-// (database/sql) or NewMemoryStore (one process, for tests). There are no others, and
-// Store cannot be implemented outside this package: every atomic check of pglock runs
-// in PostgreSQL, on the database clock, in the SQL functions that Migrate installs
-// (lock_acquire, lock_renew_many, lock_held for fenced writes, the NOTIFY of a
-// release, the job history, lock_prune); a store written elsewhere could give neither
-// those guarantees nor what fencing tokens and the history mean, and most of a Client
-// (Locks, ForceRelease, Prune, the job history, the listener that wakes waiters,
-// batched renewal, Election.Leader) needs far more of a store than Store's three
-// methods. The memory store is there for tests: NewWithStore on NewMemoryStore runs a
-// Client in one process, on a clock the test moves; every feature works on it but the
-// listener, which needs PostgreSQL's NOTIFY.
-//
-// A type that embeds a Store is a Store too: the client makes its lock calls through
-// that type's Acquire, Renew and Release (how a test injects a fault), and renews its
-// locks one by one. Such a type has nothing else: Locks, ForceRelease, Prune, JobRuns,
-// JobStatuses, Elections, Semaphore and Election.Leader on it return an error
-// wrapping errors.ErrUnsupported, Acquire with Fair too, jobs run without a history,
-// and waiters poll rather than being woken by a release.
+// (database/sql) or NewMemoryStore (one process, for tests). There are no others: a
+// Store is opaque, so that every Client has every feature of its store. Every atomic
+// check of pglock runs in PostgreSQL, on the database clock, in the SQL functions that
+// Migrate installs (lock_acquire, lock_renew_many, lock_held for fenced writes, the
+// NOTIFY of a release, the job history, lock_prune); a store written elsewhere could
+// give neither those guarantees nor what fencing tokens and the history mean. The
+// memory store is there for tests: NewWithStore on NewMemoryStore runs a Client in one
+// process, on a clock the test moves; every feature works on it but the listener, which
+// needs PostgreSQL's NOTIFY, and a job's slots.
 //
 // # Shutdown
 //

@@ -3,6 +3,8 @@ package pglock
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Sentinel errors. Every error pglock returns is "pglock:"-prefixed and matches one of
@@ -29,10 +31,10 @@ var (
 	// ErrInvalidKey is returned for a key that is empty, longer than MaxKeyLength
 	// characters (a semaphore's, MaxKeyLength-5), not valid UTF-8, or contains a NUL byte
 	// or U+001F (which separates a semaphore's key from a permit's number in the store).
-	ErrInvalidKey = errors.New("pglock: invalid key")
+	ErrInvalidKey = store.ErrInvalidKey
 	// ErrInvalidArgument is returned for an option, a duration or a function argument
 	// that is out of range or nil; the error's text names it.
-	ErrInvalidArgument = errors.New("pglock: invalid argument")
+	ErrInvalidArgument = store.ErrInvalidArgument
 	// ErrInvalidToken is returned by an acquisition whose store answered a fencing token
 	// that is not positive: the store is broken, and fencing with such a token would be
 	// unsafe.

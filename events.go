@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // EventType names what happened in an Event.
@@ -179,5 +181,5 @@ func (e *events) close(ctx context.Context) error {
 	e.closed = true
 	e.cond.Signal()
 	e.mu.Unlock()
-	return waitDone(ctx, e.done)
+	return store.WaitDone(ctx, e.done)
 }

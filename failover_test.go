@@ -298,7 +298,7 @@ func TestFailoverTokensStayUniqueAcrossKeys(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			token, ok, err := store.Acquire(t.Context(), fmt.Sprintf("failover:unique:%d", i), "o", time.Minute)
+			token, ok, err := pglock.InternalStore(store).Acquire(t.Context(), fmt.Sprintf("failover:unique:%d", i), "o", time.Minute)
 			if err == nil && !ok {
 				err = fmt.Errorf("key %d: not acquired", i)
 			}

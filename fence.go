@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock/internal/sqlfence"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // A lease cannot stop a holder that is paused (GC, SIGSTOP, a slow network) past its
@@ -64,7 +65,7 @@ func FenceUpdate(query, column string, token int64, args ...any) (string, []any,
 // ErrInvalidArgument for a token that is not positive or len(args) different from the
 // highest $n; the query is then "" and args nil. See the package doc, # Fenced writes.
 func FenceHeld(query, key string, token int64, args ...any) (string, []any, error) {
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return "", nil, err
 	}
 	st, n, err := prepareFence(query, token, len(args), 2, sqlfence.Update, sqlfence.Delete, sqlfence.Insert)
@@ -167,7 +168,7 @@ func fenceColumn(column string) (string, error) {
 	case len(column) > fenceMaxColumnLen:
 		// PostgreSQL would truncate it, maybe onto another column's name.
 		return "", invalidArg("fence column %q is longer than %d bytes", column, fenceMaxColumnLen)
-	case !validText(column):
+	case !store.ValidText(column):
 		// pgx's Sanitize would drop the NUL and name another column.
 		return "", invalidArg("fence column %q is not valid UTF-8 or contains a NUL byte", column)
 	}

@@ -149,7 +149,7 @@ func TestFencedTxKeepsAnExpiredLockFromAnAcquire(t *testing.T) {
 
 	renewCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	renewed, err := store.Renew(renewCtx, a.Key(), a.Owner(), 50*time.Millisecond)
+	renewed, err := pglock.InternalStore(store).Renew(renewCtx, a.Key(), a.Owner(), 50*time.Millisecond)
 	require.NoError(t, err, "the renewal waited for the fenced tx")
 	require.True(t, renewed)
 	require.Eventually(t, func() bool { return len(liveKeys(t, pool)) == 0 }, 5*time.Second, 10*time.Millisecond,
@@ -212,18 +212,18 @@ func TestFencedTxWithAnOlderSnapshotNeverWrites(t *testing.T) {
 	t.Parallel()
 	takeovers := []struct {
 		name string
-		take func(ctx context.Context, pool *pgxpool.Pool, store pglock.Store) error
+		take func(ctx context.Context, pool *pgxpool.Pool, store *pglock.Store) error
 	}{
-		{"after a release and an acquisition", func(ctx context.Context, _ *pgxpool.Pool, store pglock.Store) error {
-			if released, err := store.Release(ctx, "fenced:a", "old"); err != nil || !released {
+		{"after a release and an acquisition", func(ctx context.Context, _ *pgxpool.Pool, store *pglock.Store) error {
+			if released, err := pglock.InternalStore(store).Release(ctx, "fenced:a", "old"); err != nil || !released {
 				return fmt.Errorf("release: %v, %w", released, err)
 			}
-			if _, ok, err := store.Acquire(ctx, "fenced:a", "new", time.Minute); err != nil || !ok {
+			if _, ok, err := pglock.InternalStore(store).Acquire(ctx, "fenced:a", "new", time.Minute); err != nil || !ok {
 				return fmt.Errorf("acquire: %v, %w", ok, err)
 			}
 			return nil
 		}},
-		{"after a forced takeover", func(ctx context.Context, pool *pgxpool.Pool, _ pglock.Store) error {
+		{"after a forced takeover", func(ctx context.Context, pool *pgxpool.Pool, _ *pglock.Store) error {
 			_, err := pool.Exec(ctx, `UPDATE pglock.locks SET owner = 'new',
 				fencing_token = nextval('pglock.fencing_token_seq') WHERE key = 'fenced:a'`)
 			return err
@@ -236,7 +236,7 @@ func TestFencedTxWithAnOlderSnapshotNeverWrites(t *testing.T) {
 				t.Parallel()
 				ctx := t.Context()
 				pool := fencedTxDB(t)
-				token, ok, err := pglock.NewPostgresStore(pool).Acquire(ctx, "fenced:a", "old", time.Minute)
+				token, ok, err := pglock.InternalStore(pglock.NewPostgresStore(pool)).Acquire(ctx, "fenced:a", "old", time.Minute)
 				require.NoError(t, err)
 				require.True(t, ok)
 				tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
@@ -256,7 +256,7 @@ func TestFencedTxWithAnOlderSnapshotNeverWrites(t *testing.T) {
 					ctx := t.Context()
 					pool := fencedTxDB(t)
 					store := pglock.NewPostgresStore(pool)
-					old, ok, err := store.Acquire(ctx, "fenced:a", "old", time.Minute)
+					old, ok, err := pglock.InternalStore(store).Acquire(ctx, "fenced:a", "old", time.Minute)
 					require.NoError(t, err)
 					require.True(t, ok)
 					tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
@@ -266,7 +266,7 @@ func TestFencedTxWithAnOlderSnapshotNeverWrites(t *testing.T) {
 					require.NoError(t, tx.QueryRow(ctx, "SELECT n FROM stock WHERE id = 1").Scan(&n)) // the snapshot
 
 					require.NoError(t, takeover.take(ctx, pool, store))
-					holder, err := pglock.StoreHolder(ctx, store, "fenced:a")
+					holder, err := storeHolder(ctx, store, "fenced:a")
 					require.NoError(t, err)
 					require.Equal(t, "new", holder.Owner)
 					require.Greater(t, holder.Token, old)

@@ -63,9 +63,9 @@ func FuzzKeys(f *testing.F) {
 		if key == "" || utf8.RuneCountInString(key) > pglock.MaxKeyLength || !utf8.ValidString(key) || strings.ContainsRune(key, 0) ||
 			strings.ContainsRune(key, '\x1f') {
 			requirePglockError(t, err, pglock.ErrInvalidKey)
-			_, _, err = store.Acquire(ctx, key, "o", time.Minute)
+			_, _, err = pglock.InternalStore(store).Acquire(ctx, key, "o", time.Minute)
 			requirePglockError(t, err, pglock.ErrInvalidKey)
-			_, err = pglock.StoreHolder(ctx, store, key)
+			_, err = storeHolder(ctx, store, key)
 			requirePglockError(t, err, pglock.ErrInvalidKey)
 			_, err = c.Job(key, func(context.Context) error { return nil }, pglock.OnOneInstance())
 			requirePglockError(t, err, pglock.ErrInvalidKey)
@@ -75,17 +75,17 @@ func FuzzKeys(f *testing.F) {
 		require.Equal(t, key, l.Key())
 		require.True(t, strings.HasPrefix(l.Owner(), instance+"/"), "owner %q", l.Owner())
 
-		h, err := pglock.StoreHolder(ctx, store, key)
+		h, err := storeHolder(ctx, store, key)
 		require.NoError(t, err)
 		require.Equal(t, pglock.LockInfo{Key: key, Owner: l.Owner(), Instance: instance, Token: l.Token(), Held: true, ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}, h)
-		renewed, err := pglock.StoreRenewMany(ctx, sqlStore, []string{key}, []string{l.Owner()}, time.Minute)
+		renewed, err := storeRenewMany(ctx, sqlStore, []string{key}, []string{l.Owner()}, time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, []string{key}, renewed, "the database/sql store's array literal changed the key")
 
 		_, err = c.TryAcquire(ctx, key)
 		require.ErrorIs(t, err, pglock.ErrNotAcquired, "the key is held, under exactly this spelling")
 		require.NoError(t, l.Release(ctx))
-		h, err = pglock.StoreHolder(ctx, store, key)
+		h, err = storeHolder(ctx, store, key)
 		require.NoError(t, err)
 		require.False(t, h.Held)
 	})
@@ -148,7 +148,7 @@ func FuzzTTL(f *testing.F) {
 			return // the confirmation came too late to trust
 		}
 		require.NoError(t, err)
-		h, err := pglock.StoreHolder(ctx, store, "fuzz-ttl")
+		h, err := storeHolder(ctx, store, "fuzz-ttl")
 		require.NoError(t, err)
 		if h.Held { // a ttl of a few ms may be over already
 			require.Equal(t, l.Token(), h.Token)

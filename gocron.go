@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-co-op/gocron/v2"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // GocronOptions returns the gocron job options pglock recommends for a job named name,
@@ -34,7 +36,7 @@ func (c *Client) GocronElector(key string, opts ...Option) (*GocronElector, erro
 	if err := c.register(fmt.Sprintf("gocron elector %q", key), key); err != nil {
 		return nil, err
 	}
-	c.registered(kindElection, key)
+	c.registered(store.KindElection, key)
 	e := &GocronElector{lease: newLease(c, key, key, lc.ttl), runs: runs{c: c}}
 	c.onClose(e.close)
 	return e, nil
@@ -215,7 +217,7 @@ func (k *gocronLocker) lease(name string) (*lease, error) {
 	if err := k.c.register(fmt.Sprintf("gocron locker job %q", name), name+leaseSuffix); err != nil {
 		return nil, err
 	}
-	k.c.registered(kindJob, name)
+	k.c.registered(store.KindJob, name)
 	s := newLease(k.c, name, name+leaseSuffix, k.ttl)
 	k.leases[name] = s
 	return s, nil

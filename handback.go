@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // The hand-backs: what a failed acquisition may have been granted, released in the
@@ -30,18 +32,17 @@ const maxHandBackPause = 2 * time.Second
 // handBacks releases, in the background, what failed acquisitions may have been granted
 // (see undoAcquire). They are bounded for the whole Client: one goroutine, running while
 // any is pending, makes one release call at a time, which hands back every one that is
-// due (up to maxReleaseMany: over a slow link, one call per hand-back in a row made
+// due (up to store.MaxReleaseMany: over a slow link, one call per hand-back in a row made
 // the last ones later than their ttl); each (key, owner) is pending once,
 // at most maxHandBacks of them, each released up to 1+len(handBackRetries) times while
 // nothing is found; a failed call pauses them all (doubling up to maxHandBackPause),
 // so that an unreachable store sees about one connection attempt per pause. On a
-// *pgxpool.Pool, the calls go as renewals do (renewals.releaseMany), never behind the
+// *pgxpool.Pool, the calls go as renewals do (Renewals.ReleaseMany), never behind the
 // application's use of the pool. Close gives
 // each one last release at once and waits (a failed call then drops the rest, which
 // expire after their ttl); when Close's ctx ends first, the call in flight is cancelled.
 type handBacks struct {
-	store  Store
-	many   func(ctx context.Context, keys, owners []string) ([]int, error) // else the store's releaseMany
+	many   func(ctx context.Context, keys, owners []string) ([]int, error) // the store's ReleaseMany, or the renewals'
 	logger *slog.Logger
 	ctx    context.Context // the release calls'; cancelled when Close stops waiting
 	cancel context.CancelFunc
@@ -62,9 +63,9 @@ type handBack struct {
 	next  time.Time // when the next is due, on the real clock
 }
 
-func newHandBacks(store Store, logger *slog.Logger) *handBacks {
+func newHandBacks(s store.Store, logger *slog.Logger) *handBacks {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &handBacks{store: store, logger: logger, ctx: ctx, cancel: cancel,
+	return &handBacks{many: s.ReleaseMany, logger: logger, ctx: ctx, cancel: cancel,
 		pending: make(map[handBackID]*handBack), wake: make(chan struct{}, 1)}
 }
 
@@ -104,34 +105,18 @@ func (c *Client) undoAcquire(key, owner string, ttl time.Duration) {
 	h.poke()
 }
 
-// release hands ids back in one call (a backend's releaseMany; a Store that embeds
-// another has no semaphores, and releases one key after another) and returns those it
-// released.
+// release hands ids back in one call and returns those it released.
 func (h *handBacks) release(ctx context.Context, ids []handBackID) (map[handBackID]bool, error) {
 	released := make(map[handBackID]bool, len(ids))
-	many := h.many
-	if b, ok := h.store.(backend); ok && many == nil {
-		many = b.releaseMany
+	keys, owners := make([]string, len(ids)), make([]string, len(ids))
+	for i, id := range ids {
+		keys[i], owners[i] = id.key, id.owner
 	}
-	if many != nil {
-		keys, owners := make([]string, len(ids)), make([]string, len(ids))
-		for i, id := range ids {
-			keys[i], owners[i] = id.key, id.owner
-		}
-		is, err := many(ctx, keys, owners)
-		for _, i := range is {
-			released[ids[i]] = true
-		}
-		return released, err
+	is, err := h.many(ctx, keys, owners)
+	for _, i := range is {
+		released[ids[i]] = true
 	}
-	for _, id := range ids {
-		ok, err := h.store.Release(ctx, id.key, id.owner)
-		if err != nil {
-			return released, err
-		}
-		released[id] = ok
-	}
-	return released, nil
+	return released, err
 }
 
 func (h *handBacks) poke() {
@@ -176,7 +161,7 @@ func (h *handBacks) run(idle chan struct{}) {
 		ids := h.due(closing)
 		h.mu.Unlock()
 
-		ctx, cancel := context.WithTimeout(h.ctx, storeTimeout)
+		ctx, cancel := context.WithTimeout(h.ctx, store.Timeout)
 		released, err := h.release(ctx, ids)
 		cancel()
 		now := time.Now()
@@ -222,7 +207,7 @@ func (h *handBacks) firstDue() time.Time {
 }
 
 // due returns the pending hand-backs that are due (all of them when closing), at most
-// maxReleaseMany, those due first first. Called with mu held.
+// store.MaxReleaseMany, those due first first. Called with mu held.
 func (h *handBacks) due(closing bool) []handBackID {
 	now := time.Now()
 	var ids []handBackID
@@ -232,7 +217,7 @@ func (h *handBacks) due(closing bool) []handBackID {
 		}
 	}
 	slices.SortFunc(ids, func(a, b handBackID) int { return h.pending[a].next.Compare(h.pending[b].next) })
-	return ids[:min(len(ids), maxReleaseMany)]
+	return ids[:min(len(ids), store.MaxReleaseMany)]
 }
 
 // await counts an abandoned acquisition that Close must wait for, unless Close is
@@ -260,7 +245,7 @@ func (h *handBacks) close(ctx context.Context) error {
 		h.awaiting.Wait()
 		close(replied)
 	}()
-	if err := waitDone(ctx, replied); err != nil {
+	if err := store.WaitDone(ctx, replied); err != nil {
 		h.cancel() // their calls end, and so does the goroutine above
 		return err
 	}
@@ -271,7 +256,7 @@ func (h *handBacks) close(ctx context.Context) error {
 		return nil
 	}
 	h.poke()
-	if err := waitDone(ctx, idle); err != nil {
+	if err := store.WaitDone(ctx, idle); err != nil {
 		h.cancel()
 		return err
 	}

@@ -26,24 +26,35 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
-// releaseCounter is a real store that counts its Release calls, and the most of them
-// in flight at once.
+// releaseCounter is a real store that counts its release calls (Release and
+// ReleaseMany), and the most of them in flight at once.
 type releaseCounter struct {
-	pglock.Store
+	store.Store
 	calls, inFlight, most atomic.Int64
 }
 
-func (s *releaseCounter) Release(ctx context.Context, key, owner string) (bool, error) {
+// count counts a release call until the func it returns is called.
+func (s *releaseCounter) count() func() {
 	s.calls.Add(1)
 	n := s.inFlight.Add(1)
-	defer s.inFlight.Add(-1)
 	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
 	}
+	return func() { s.inFlight.Add(-1) }
+}
+
+func (s *releaseCounter) Release(ctx context.Context, key, owner string) (bool, error) {
+	defer s.count()()
 	return s.Store.Release(ctx, key, owner)
+}
+
+func (s *releaseCounter) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+	defer s.count()()
+	return s.Store.ReleaseMany(ctx, keys, owners)
 }
 
 // closedPort returns a 127.0.0.1 address where nothing listens.
@@ -65,15 +76,15 @@ func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
 	url := "postgres://postgres@" + host + ":" + port + "/postgres?sslmode=disable&connect_timeout=2"
 	for _, tc := range []struct {
 		name  string
-		store func(t *testing.T) pglock.Store
+		store func(t *testing.T) *pglock.Store
 	}{
-		{"Pgx", func(t *testing.T) pglock.Store {
+		{"Pgx", func(t *testing.T) *pglock.Store {
 			pool, err := pgxpool.New(t.Context(), url)
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			return pglock.NewPostgresStore(pool)
 		}},
-		{"LibPQ", func(t *testing.T) pglock.Store {
+		{"LibPQ", func(t *testing.T) *pglock.Store {
 			db, err := sql.Open("postgres", url)
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, db.Close()) })
@@ -81,8 +92,8 @@ func TestHandBackNothingForAnAttemptThatNeverReachedAServer(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store := &releaseCounter{Store: tc.store(t)}
-			c, err := pglock.NewWithStore(store, quiet)
+			store := &releaseCounter{Store: pglock.InternalStore(tc.store(t))}
+			c, err := pglock.NewWithStore(pglock.WrapStore(store), quiet)
 			require.NoError(t, err)
 			before := runtime.NumGoroutine()
 
@@ -108,8 +119,8 @@ func TestHandBacksAreBoundedForTheWholeClient(t *testing.T) {
 	goroutines := testGoroutines(t)
 	url := pglocktest.PostgresURL(t)
 	slow, proxy := proxiedPool(t, url, 4)
-	store := &releaseCounter{Store: pglock.NewPostgresStore(slow)}
-	c, err := pglock.NewWithStore(store, quiet, pglock.TTL(10*time.Second))
+	store := &releaseCounter{Store: pglock.InternalStore(pglock.NewPostgresStore(slow))}
+	c, err := pglock.NewWithStore(pglock.WrapStore(store), quiet, pglock.TTL(10*time.Second))
 	require.NoError(t, err)
 	before := goroutines()
 

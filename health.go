@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgfence/pglock/internal/renewer"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Health is a client's readiness: whether it can reach its store right now, as every
@@ -64,14 +65,14 @@ func (c *Client) Health() Health {
 	c.health.mu.Lock()
 	h.ElectionsLed, h.LastRenewal = c.health.led, c.health.lastRenewal
 	c.health.mu.Unlock()
-	s := c.health.calls.state()
-	h.LastAnswer, h.FailedCall, h.FailedAt = s.answered, s.call, s.at
+	s := c.health.calls.State()
+	h.LastAnswer, h.FailedCall, h.FailedAt = s.Answered, s.Call, s.At
 
 	switch {
 	case closed:
 		h.Err = ErrClosed
-	case s.err != nil:
-		h.Err = s.err
+	case s.Err != nil:
+		h.Err = s.Err
 	default:
 		if n := c.renewer.Overdue(); n > 0 {
 			h.Err = fmt.Errorf("pglock: renewal overdue for %d of %d locks held: none confirmed for half the ttl", n, h.LocksHeld)
@@ -83,11 +84,26 @@ func (c *Client) Health() Health {
 
 // health is what the renewer, the events and the store calls tell Health.
 type health struct {
-	calls *calls // every store call's outcome; set by watchStore
+	calls *store.Calls // every store call's outcome; set by watchStore
 
 	mu          sync.Mutex
 	lastRenewal time.Time
 	led         int // elections led now
+}
+
+// watchStore makes every call of the client to s go through an observed store that
+// feeds Health (store.Observe), and returns it for the client's parts to use.
+func (c *Client) watchStore(s store.Store) store.Store {
+	w, k := store.Observe(s, store.Config{
+		Now:       c.clock.Now,
+		AfterFunc: func(d time.Duration, f func()) func() bool { return c.clock.AfterFunc(d, f).Stop },
+		Patience:  c.ttl / 2,
+		Instance:  c.instance,
+		Back:      c.connectionsBack,
+	})
+	c.store, c.health.calls = w, k
+	c.onClose(k.Close)
+	return w
 }
 
 // observeRenewal is the renewer's report of one renewal call: it feeds Health and

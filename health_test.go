@@ -83,11 +83,11 @@ func TestHealthIsUnreadyWhileTheLinkIsSilentBeforeTheLockIsLost(t *testing.T) {
 // error.
 func TestHealthIsUnreadyOnceARenewalFails(t *testing.T) {
 	t.Parallel()
-	store := &failingStore{Store: pglock.NewPostgresStore(pglocktest.Postgres(t))}
+	store := &failingStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pglocktest.Postgres(t)))}
 	clock := pglocktest.NewManualClock(time.Now())
 	var mu sync.Mutex
 	var renewals []pglock.Event
-	c := newClient(t, store, quiet, pglock.TTL(time.Minute), pglock.WithClock(clock),
+	c := newClient(t, pglock.WrapStore(store), quiet, pglock.TTL(time.Minute), pglock.WithClock(clock),
 		pglock.WithEventHandler(func(e pglock.Event) {
 			if e.Type == pglock.EventRenewal {
 				mu.Lock()
@@ -180,7 +180,7 @@ func TestAcquireEventsCarryWaitDurationAndWhy(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	clock := pglocktest.NewManualClock(time.Now())
 	const took = 30 * time.Millisecond
-	slow := &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: took}
+	slow := &clockMovingStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pool)), clock: clock, d: took}
 	var mu sync.Mutex
 	var got []pglock.Event
 	record := func(e pglock.Event) {
@@ -189,7 +189,7 @@ func TestAcquireEventsCarryWaitDurationAndWhy(t *testing.T) {
 		mu.Unlock()
 	}
 	var second []pglock.EventType // a second handler gets every event too, after the first
-	c, err := pglock.NewWithStore(slow, quiet, pglock.WithClock(clock), pglock.WithEventHandler(record),
+	c, err := pglock.NewWithStore(pglock.WrapStore(slow), quiet, pglock.WithClock(clock), pglock.WithEventHandler(record),
 		pglock.WithEventHandler(func(e pglock.Event) {
 			mu.Lock()
 			second = append(second, e.Type)

@@ -23,6 +23,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/internal/testkit"
 )
@@ -31,7 +33,7 @@ import (
 var quiet = pglock.WithLogger(slog.New(slog.DiscardHandler))
 
 // newClient returns a Client on store, closed when the test ends.
-func newClient(t testing.TB, store pglock.Store, opts ...pglock.ClientOption) *pglock.Client {
+func newClient(t testing.TB, store *pglock.Store, opts ...pglock.ClientOption) *pglock.Client {
 	t.Helper()
 	c, err := pglock.NewWithStore(store, opts...)
 	require.NoError(t, err)
@@ -328,7 +330,7 @@ func wanted(pool *pgxpool.Pool, key string) bool {
 
 // failingStore fails every renewal while failing is set.
 type failingStore struct {
-	pglock.Store
+	store.Store
 	failing atomic.Bool
 }
 
@@ -341,8 +343,12 @@ func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Du
 	return s.Store.Renew(ctx, key, owner, ttl)
 }
 
-// plainStore hides every optional capability of the store it wraps.
-type plainStore struct{ pglock.Store }
+func (s *failingStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	if s.failing.Load() {
+		return nil, errStoreDown
+	}
+	return s.Store.RenewMany(ctx, keys, owners, ttl)
+}
 
 // badInput is a call with bad input, for a table test: it must fail with want, its
 // text pglock-prefixed, and leave key (when not "") free to register.
@@ -355,7 +361,7 @@ type badInput struct {
 
 // requireBadInputRefused runs each case on a new client on store; register registers
 // a job of the key a refused call left free.
-func requireBadInputRefused(t *testing.T, store pglock.Store, cases []badInput, register func(c *pglock.Client, key string) error) {
+func requireBadInputRefused(t *testing.T, store *pglock.Store, cases []badInput, register func(c *pglock.Client, key string) error) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -368,4 +374,40 @@ func requireBadInputRefused(t *testing.T, store pglock.Store, cases []badInput, 
 			}
 		})
 	}
+}
+
+// leaseOf is the LockInfo that a read of l's key returns while l holds it, with h's
+// times (on the store's clock).
+func leaseOf(l *pglock.Lock, h pglock.LockInfo) pglock.LockInfo {
+	return pglock.LockInfo{Key: l.Key(), Owner: l.Owner(), Instance: instanceOf(l), Token: l.Token(), Held: true,
+		ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}
+}
+
+// instanceOf is the instance-name part of l's owner id.
+func instanceOf(l *pglock.Lock) string {
+	return l.Owner()[:strings.LastIndexByte(l.Owner(), '/')]
+}
+
+// testStore runs the store contract (storetest.Run) on the stores of newStore.
+func testStore(t *testing.T, newStore func(t *testing.T) *pglock.Store, opts storetest.Options) {
+	t.Helper()
+	storetest.Run(t, func(t *testing.T) storetest.Store { return pglock.InternalStore(newStore(t)) }, opts)
+}
+
+// storeHolder reads key's live lease from s, as Election.Leader does.
+func storeHolder(ctx context.Context, s *pglock.Store, key string) (pglock.LockInfo, error) {
+	h, err := pglock.InternalStore(s).Holder(ctx, key)
+	return pglock.LockInfo{Key: h.Key, Permit: h.Permit, Owner: h.Owner, Instance: h.Instance, Token: h.Token, Held: h.Held,
+		AcquiredAt: h.AcquiredAt, TTL: h.TTL, ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn, Waiting: h.Waiting}, err
+}
+
+// storeRenewMany renews many locks of one ttl in one call of s, as the renewer does.
+func storeRenewMany(ctx context.Context, s *pglock.Store, keys, owners []string, ttl time.Duration) ([]string, error) {
+	return pglock.InternalStore(s).RenewMany(ctx, keys, owners, ttl)
+}
+
+// storeReleaseMany releases keys[i] for owners[i] in one call of s, as the client's
+// hand-backs do, and returns the indexes of those released.
+func storeReleaseMany(ctx context.Context, s *pglock.Store, keys, owners []string) ([]int, error) {
+	return pglock.InternalStore(s).ReleaseMany(ctx, keys, owners)
 }

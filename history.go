@@ -3,19 +3,22 @@ package pglock
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Run history: what RunHistory records and JobRuns and JobStatuses read. The client
-// writes it in the background (history_writer.go); the stores keep it
-// (store_history.go).
+// writes it in the background (store.History); the stores keep it
+// (internal/store/history.go).
 const (
+	// maxRunErr is how many characters of a run's error the history keeps.
+	maxRunErr           = 1000
 	defaultRunRetention = 7 * 24 * time.Hour
 	minRunRetention     = time.Second
 	maxRunRetention     = 10 * 365 * 24 * time.Hour
-	// maxJobRuns is the most runs JobRuns returns, and the most runs of a job the
-	// memory store keeps.
-	maxJobRuns = 1000
 )
 
 // JobRun is one run of a job, as the run history keeps it (see RunHistory).
@@ -80,45 +83,93 @@ func RunHistory(retention time.Duration) ClientOption {
 
 // JobRuns returns the last runs of job (a Job's key or a gocron job name), newest first,
 // at most limit (1 to 1000), from every instance. ctx bounds the store call. Errors:
-// ErrInvalidKey for a bad job, ErrInvalidArgument for a limit out of range, an error
-// wrapping errors.ErrUnsupported on a type that embeds a Store, or the store's error.
+// ErrInvalidKey for a bad job, ErrInvalidArgument for a limit out of range, or the
+// store's error.
 func (c *Client) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
-	if err := checkKey(job); err != nil {
+	if err := store.CheckKey(job); err != nil {
 		return nil, err
 	}
-	if limit < 1 || limit > maxJobRuns {
-		return nil, invalidArg("JobRuns: limit %d: want 1 to %d", limit, maxJobRuns)
+	if limit < 1 || limit > store.MaxJobRuns {
+		return nil, invalidArg("JobRuns: limit %d: want 1 to %d", limit, store.MaxJobRuns)
 	}
-	b, err := c.backend("job runs", "keeps no run history")
+	runs, err := c.store.JobRuns(ctx, job, limit)
 	if err != nil {
 		return nil, err
 	}
-	return b.jobRuns(ctx, job, limit)
+	out := make([]JobRun, len(runs))
+	for i, r := range runs {
+		out[i] = jobRunOf(r)
+	}
+	return out, nil
 }
 
 // JobStatuses returns every job registered on any instance or with history, sorted by
-// job. ctx bounds the store calls. Errors: an error wrapping errors.ErrUnsupported on a
-// type that embeds a Store, or the store's error.
+// job. ctx bounds the store calls. Errors: the store's.
 func (c *Client) JobStatuses(ctx context.Context) ([]JobStatus, error) {
-	b, err := c.backend("job statuses", "keeps no run history")
+	jobs, err := c.store.JobStatuses(ctx)
 	if err != nil {
 		return nil, err
 	}
-	jobs, err := b.jobStatuses(ctx)
+	regs, err := c.store.Registrations(ctx, store.KindJob)
 	if err != nil {
 		return nil, err
 	}
-	regs, err := b.registrations(ctx, kindJob)
-	if err != nil {
-		return nil, err
+	all := store.WithRegistrations(jobs, regs)
+	out := make([]JobStatus, len(all))
+	for i, j := range all {
+		out[i] = jobStatusOf(j)
 	}
-	st := make(statuses, len(jobs))
-	for _, j := range jobs {
-		st[j.Job] = &j
+	return out, nil
+}
+
+func jobRunOf(r store.JobRun) JobRun {
+	return JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token, Started: r.Started, Ended: r.Ended,
+		Outcome: Outcome(r.Outcome), Error: r.Error, Slot: r.Slot, Attempt: r.Attempt}
+}
+
+// jobRunRef returns *r as a *JobRun, nil for nil.
+func jobRunRef(r *store.JobRun) *JobRun {
+	if r == nil {
+		return nil
 	}
-	for _, r := range regs {
-		j := st.of(r.key)
-		j.Registrations = append(j.Registrations, r.Registration)
+	run := jobRunOf(*r)
+	return &run
+}
+
+func jobStatusOf(j store.JobStatus) JobStatus {
+	s := JobStatus{Job: j.Job, LastRun: jobRunRef(j.LastRun), LastFailure: jobRunRef(j.LastFailure),
+		Slots: (*JobSlots)(j.Slots)}
+	for _, k := range j.Skips {
+		s.Skips = append(s.Skips, JobSkips{Instance: k.Instance, Reason: SkipReason(k.Reason), Count: k.Count, Last: k.Last})
 	}
-	return st.sorted(), nil
+	for _, r := range j.Registrations {
+		s.Registrations = append(s.Registrations, registrationOf(r))
+	}
+	return s
+}
+
+// jobRan reports a run of job under l, of slot (zero without a schedule), that started
+// at start (real clock) and ended now with outcome and err: an EventJobRan, and a
+// record for the history.
+func (c *Client) jobRan(job string, l *Lock, slot slotRun, start time.Time, outcome Outcome, err string) {
+	end := time.Now()
+	ev := Event{Type: EventJobRan, Key: job, Duration: end.Sub(start), Outcome: outcome, Time: c.clock.Now(),
+		Slot: slot.slot, Attempt: slot.attempt}
+	if l != nil {
+		ev.Owner, ev.Token = l.entry.Owner, l.token
+	}
+	c.events.emit(ev)
+	c.history.Record(store.RunRecord{Job: job, Instance: c.instance, Owner: ev.Owner, Token: ev.Token, Slot: slot.slot,
+		Attempt: slot.attempt, Ended: end, Duration: ev.Duration, Outcome: string(outcome), Err: runErrText(err)})
+}
+
+// runErrText is err as the history keeps it: valid UTF-8 without NUL, at most
+// maxRunErr characters.
+func runErrText(err string) string {
+	err = strings.ReplaceAll(strings.ToValidUTF8(err, "\uFFFD"), "\x00", "")
+	if utf8.RuneCountInString(err) <= maxRunErr {
+		return err
+	}
+	runes := []rune(err)
+	return string(runes[:maxRunErr])
 }

@@ -465,20 +465,6 @@ func TestJobRunHistoryBadInput(t *testing.T) {
 		})
 	}
 
-	t.Run("a store without history", func(t *testing.T) {
-		c := newClient(t, plainStore{store})
-		_, err := c.JobRuns(ctx, "job", 1)
-		require.ErrorIs(t, err, errors.ErrUnsupported)
-		require.ErrorContains(t, err, "pglock: job runs: pglock_test.plainStore keeps no run history")
-		_, err = c.JobStatuses(ctx)
-		require.ErrorIs(t, err, errors.ErrUnsupported)
-		require.ErrorContains(t, err, "pglock: job statuses: ")
-		// Its jobs run as before, unrecorded.
-		j, err := c.Job("plain:job", func(context.Context) error { return nil }, pglock.OnOneInstance())
-		require.NoError(t, err)
-		require.NoError(t, j.Run(ctx))
-	})
-
 	for _, tc := range []struct {
 		name      string
 		retention time.Duration

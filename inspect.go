@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // LockInfo is one lock as the store sees it, on the store's clock (the database's, for
@@ -52,21 +53,20 @@ type LockInfo struct {
 // takes no row lock but reads every row under prefix: poll it every second or so. ctx
 // bounds the query. A prefix that is not valid UTF-8, contains a NUL byte or is longer
 // than MaxKeyLength characters is ErrInvalidArgument. Store errors are "pglock: list
-// locks"-prefixed and wrap the driver's; on a type that embeds a Store it returns an
-// error wrapping errors.ErrUnsupported. See the package doc, # Listing, forcing a release
+// locks"-prefixed and wrap the driver's. See the package doc, # Listing, forcing a release
 // and pruning.
 func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
-	if !validText(prefix) {
+	if !store.ValidText(prefix) {
 		return nil, invalidArg("Locks: prefix %q is not valid UTF-8 or contains a NUL byte", prefix)
 	}
 	if n := utf8.RuneCountInString(prefix); n > MaxKeyLength {
 		return nil, invalidArg("Locks: prefix has %d characters, the most a key has is %d", n, MaxKeyLength)
 	}
-	b, err := c.backend("list locks", "cannot list its locks")
+	locks, err := c.store.ListLocks(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
-	return b.listLocks(ctx, prefix)
+	return lockInfos(locks), nil
 }
 
 // ForceRelease breaks the lock on key whoever holds it, on any instance, and returns what
@@ -74,11 +74,10 @@ func (c *Client) Locks(ctx context.Context, prefix string) ([]LockInfo, error) {
 // renewal; only a fence stops a write it makes before. ctx bounds the call, a wait for an
 // open fenced transaction included; when it ends first, the error matches ctx.Err() and
 // nothing is broken. It returns ErrNotHeld when no live holder has key, ErrInvalidKey for
-// a bad key, an error wrapping errors.ErrUnsupported on a type that embeds a Store, or
-// the store's error, "pglock: force release"-prefixed. See the package doc, # Listing,
+// a bad key, or the store's error, "pglock: force release"-prefixed. See the package doc, # Listing,
 // forcing a release and pruning.
 func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error) {
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return LockInfo{}, err
 	}
 	return c.forceRelease(ctx, key)
@@ -86,15 +85,12 @@ func (c *Client) ForceRelease(ctx context.Context, key string) (LockInfo, error)
 
 // forceRelease is ForceRelease on a lock's key or a permit's row key.
 func (c *Client) forceRelease(ctx context.Context, rowKey string) (LockInfo, error) {
-	key, permit := splitPermitKey(rowKey)
-	b, err := c.backend("force release", "cannot break a lock")
+	key, permit := store.SplitPermitKey(rowKey)
+	broken, err := c.store.ForceRelease(ctx, rowKey)
 	if err != nil {
 		return LockInfo{}, err
 	}
-	info, err := b.forceRelease(ctx, rowKey)
-	if err != nil {
-		return LockInfo{}, err
-	}
+	info := lockInfo(broken)
 	if !info.Held && permit > 0 {
 		return LockInfo{}, fmt.Errorf("%w: permit %d of %q has no live holder", ErrNotHeld, permit, key)
 	}
@@ -107,11 +103,17 @@ func (c *Client) forceRelease(ctx context.Context, rowKey string) (LockInfo, err
 	return info, nil
 }
 
-// instanceOf returns the instance-name part of an owner id: up to its last "/" (an
-// instance name may itself hold one, as the default "hostname/pid" does).
-func instanceOf(owner string) string {
-	if i := strings.LastIndexByte(owner, '/'); i >= 0 {
-		return owner[:i]
+// lockInfo returns the store's l as a LockInfo.
+func lockInfo(l store.LockInfo) LockInfo {
+	return LockInfo{Key: l.Key, Permit: l.Permit, Owner: l.Owner, Instance: l.Instance, Token: l.Token, Held: l.Held,
+		AcquiredAt: l.AcquiredAt, TTL: l.TTL, ExpiresAt: l.ExpiresAt, ExpiresIn: l.ExpiresIn, Waiting: l.Waiting}
+}
+
+// lockInfos returns the store's locks as LockInfos.
+func lockInfos(locks []store.LockInfo) []LockInfo {
+	out := make([]LockInfo, len(locks))
+	for i, l := range locks {
+		out[i] = lockInfo(l)
 	}
-	return owner
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-co-op/gocron/v2"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // leaseSuffix ends the key of a job's lease: the lease of job "k" is the lock "k:owner".
@@ -68,7 +69,7 @@ func (c *Client) Job(key string, fn func(ctx context.Context) error, opts ...Job
 	if err := c.register(fmt.Sprintf("job %q", key), key, key+leaseSuffix); err != nil {
 		return nil, err
 	}
-	c.registered(kindJob, key)
+	c.registered(store.KindJob, key)
 	j := &Job{c: c, key: key, fn: fn, ttl: cfg.ttl, runLock: cfg.withoutOverlapping, limit: limit, runs: runs{c: c}}
 	if cfg.oneInstance {
 		j.lease = newLease(c, key, key+leaseSuffix, cfg.ttl)
@@ -140,12 +141,12 @@ func (j *Job) Schedule(s gocron.Scheduler, opts ...gocron.JobOption) (gocron.Job
 	}
 	sc := j.slots.sched
 	all := GocronOptions(j.key)
-	if sc.cron == nil {
-		start := sc.next(time.Now().Add(10 * time.Millisecond))
+	if !sc.IsCron() {
+		start := sc.Next(time.Now().Add(10 * time.Millisecond))
 		all = append(all, gocron.WithStartAt(gocron.WithStartDateTime(start)))
 	}
 	all = append(all, opts...)
-	gj, err := s.NewJob(sc.definition(), j.Task(), all...)
+	gj, err := s.NewJob(definition(sc), j.Task(), all...)
 	if err != nil {
 		return nil, fmt.Errorf("pglock: Job %q: Schedule: %w", j.key, err)
 	}
@@ -166,7 +167,7 @@ func (j *Job) SlotPolicy() (SlotPolicy, bool) {
 	if s == nil {
 		return SlotPolicy{}, false
 	}
-	return SlotPolicy{Cron: s.sched.expr, Every: s.sched.every, CatchUp: s.catchUp, Deadline: s.deadline,
+	return SlotPolicy{Cron: s.sched.Expr, Every: s.sched.Every, CatchUp: s.catchUp, Deadline: s.deadline,
 		Attempts: s.attempts, Backoff: s.backoff}, true
 }
 
@@ -263,7 +264,7 @@ func lostCause(ctx context.Context) error {
 
 // checkJobKey checks a key whose lease key is key+leaseSuffix.
 func checkJobKey(key string) error {
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	if n := utf8.RuneCountInString(key + leaseSuffix); n > MaxKeyLength {
@@ -278,10 +279,10 @@ func checkJobKey(key string) error {
 type Outcome string
 
 const (
-	OutcomeOK       Outcome = "ok"       // fn returned nil and no lock was lost
-	OutcomeError    Outcome = "error"    // fn returned an error
-	OutcomePanicked Outcome = "panicked" // fn panicked; the panic goes on up the stack after it is recorded
-	OutcomeLost     Outcome = "lost"     // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
+	OutcomeOK       Outcome = store.OutcomeOK // fn returned nil and no lock was lost
+	OutcomeError    Outcome = "error"         // fn returned an error
+	OutcomePanicked Outcome = "panicked"      // fn panicked; the panic goes on up the stack after it is recorded
+	OutcomeLost     Outcome = "lost"          // a lock the run held was lost during it (its ctx's cause was a *LockLostError)
 )
 
 // SkipReason says why a job's tick was skipped (Event.SkipReason, JobSkips.Reason): a
@@ -335,5 +336,5 @@ func (c *Client) skippedSlot(job string, reason SkipReason, slot time.Time, n in
 	c.logger.Debug(skippedMessages[reason], attrs...)
 	c.health.count(EventJobSkipped)
 	c.events.emit(Event{Type: EventJobSkipped, Key: job, SkipReason: reason, Slot: slot, Count: n, Time: c.clock.Now()})
-	c.history.skip(job, reason, n)
+	c.history.Skip(job, string(reason), n)
 }

@@ -404,7 +404,7 @@ func TestCloseHandsLeasesOver(t *testing.T) {
 	t.Parallel()
 
 	// start returns a job on a client of its own on clock (nil: the real one), counting runs.
-	start := func(t *testing.T, store pglock.Store, logs *testkit.LogBuffer, clock pglock.Clock, ran *atomic.Int32) (*pglock.Client, *pglock.Job) {
+	start := func(t *testing.T, store *pglock.Store, logs *testkit.LogBuffer, clock pglock.Clock, ran *atomic.Int32) (*pglock.Client, *pglock.Job) {
 		t.Helper()
 		opts := []pglock.ClientOption{pglock.WithLogger(newLogger(logs))}
 		if clock != nil {

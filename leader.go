@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"sync"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // LeaderCallbacks is what an instance does while it leads an election: see
@@ -78,7 +80,7 @@ func (c *Client) Elect(key string, leader LeaderCallbacks, opts ...Option) (*Ele
 	if err := c.register(fmt.Sprintf("election %q", key), key); err != nil {
 		return nil, err
 	}
-	c.registered(kindElection, key)
+	c.registered(store.KindElection, key)
 	e := &Election{c: c, key: key, leader: leader, ttl: ttl, done: make(chan struct{})}
 	e.ctx, e.end = context.WithCancelCause(context.Background())
 	c.onClose(func(ctx context.Context) error { return e.stop(ctx, ErrClosed) })
@@ -109,31 +111,27 @@ func (e *Election) Resign(ctx context.Context) error {
 // Leader reads who leads now from the store, as a LockInfo of the election's key, with
 // Held false and every field but Key zero when nobody leads. It may name another instance
 // while IsLeader is still true. ctx bounds the store call. It returns ErrClosed after
-// Close, an error wrapping errors.ErrUnsupported on a type that embeds a Store, or the
-// store's error.
+// Close, or the store's error.
 func (e *Election) Leader(ctx context.Context) (LockInfo, error) {
 	if e.c.isClosed() {
 		return LockInfo{}, ErrClosed
 	}
-	b, err := e.c.backend("read the leader", "cannot read who holds a key")
-	if err != nil {
-		return LockInfo{}, err
-	}
-	return b.holder(ctx, e.key)
+	l, err := e.c.store.Holder(ctx, e.key)
+	return lockInfo(l), err
 }
 
 // stop ends the election with why (the first why wins) and waits until it has ended
 // or ctx ends.
 func (e *Election) stop(ctx context.Context, why error) error {
 	e.end(why)
-	return waitDone(ctx, e.done)
+	return store.WaitDone(ctx, e.done)
 }
 
 // run campaigns until the election ends.
 func (e *Election) run() {
 	defer close(e.done)
 	defer e.c.unregister(e.key)
-	defer e.c.registry.remove(registryEntry{kindElection, e.key})
+	defer e.c.registry.Remove(store.KindElection, e.key)
 	w := e.c.listener.waiter(target{key: e.key})
 	defer w.stop()
 	free := 0 // how many times in a row the key looked free
@@ -295,12 +293,11 @@ func (e *Election) logPanic(err error) {
 }
 
 // Elections returns every election registered on any instance, sorted by key, each as
-// Election.Leader reads it. ctx bounds the store call. Errors: an error wrapping
-// errors.ErrUnsupported on a type that embeds a Store, or the store's error.
+// Election.Leader reads it. ctx bounds the store call. Errors: the store's.
 func (c *Client) Elections(ctx context.Context) ([]LockInfo, error) {
-	b, err := c.backend("list elections", "keeps no registry")
+	locks, err := c.store.Elections(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return b.elections(ctx)
+	return lockInfos(locks), nil
 }

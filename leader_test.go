@@ -419,11 +419,10 @@ func TestLeaderBadCalls(t *testing.T) {
 	onAcquired := func(context.Context, *pglock.Lock) error { return nil }
 	cases := []struct {
 		name  string
-		store pglock.Store
+		store *pglock.Store
 		ctx   func(context.Context) context.Context
 		want  error
 	}{
-		{"StoreThatEmbedsAStore", plainStore{pglock.NewMemoryStore(nil)}, nil, errors.ErrUnsupported},
 		{"CancelledCtx", pglock.NewPostgresStore(pool), func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithCancel(ctx)
 			cancel()

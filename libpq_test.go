@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -22,7 +23,7 @@ var sqlDrivers = []string{"postgres", "pgx"}
 func TestLibPQStoreContract(t *testing.T) {
 	t.Parallel()
 	db := openSQL(t, "postgres", pglocktest.PostgresURL(t))
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{
+	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewSQLStore(db) }, storetest.Options{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {
@@ -38,10 +39,10 @@ func TestLibPQStoreContractAsAnApplicationRole(t *testing.T) {
 	t.Parallel()
 	dbURL := pglocktest.PostgresURL(t)
 	db := openSQL(t, "postgres", newRole(t, dbURL, appGrants...))
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{Concurrent: true})
+	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewSQLStore(db) }, storetest.Options{Concurrent: true})
 
 	denied := pglock.NewSQLStore(openSQL(t, "postgres", newRole(t, dbURL, appGrants[0])))
-	_, _, err := denied.Acquire(t.Context(), "libpq:k", "o", time.Minute)
+	_, _, err := pglock.InternalStore(denied).Acquire(t.Context(), "libpq:k", "o", time.Minute)
 	var pqErr *pq.Error
 	require.True(t, errors.As(err, &pqErr), "%v", err)
 	require.EqualValues(t, "42501", pqErr.Code)
@@ -60,7 +61,7 @@ func TestPqAndPgxStdlibFencedWritesThroughDatabaseSQL(t *testing.T) {
 			_, err = db.ExecContext(ctx, `INSERT INTO stock VALUES (1, 0, 0)`)
 			require.NoError(t, err)
 			store := pglock.NewSQLStore(db)
-			old, ok, err := store.Acquire(ctx, "sql:fence", "old", time.Minute)
+			old, ok, err := pglock.InternalStore(store).Acquire(ctx, "sql:fence", "old", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 
@@ -97,13 +98,13 @@ func TestPqAndPgxStdlibFencedWritesThroughDatabaseSQL(t *testing.T) {
 			require.EqualValues(t, 1, execFenceHeld(tx, old, 2))
 			_, err = db.ExecContext(ctx, "UPDATE pglock.locks SET expires_at = clock_timestamp() WHERE key = 'sql:fence'")
 			require.NoError(t, err)
-			_, ok, err = store.Acquire(ctx, "sql:fence", "new", time.Minute)
+			_, ok, err = pglock.InternalStore(store).Acquire(ctx, "sql:fence", "new", time.Minute)
 			require.NoError(t, err)
 			require.False(t, ok, "an open fenced transaction keeps even an expired key")
 			require.NoError(t, tx.Commit())
 
 			// Taken over: the old holder's writes write nothing, through both fences.
-			newer, ok, err := store.Acquire(ctx, "sql:fence", "new", time.Minute)
+			newer, ok, err := pglock.InternalStore(store).Acquire(ctx, "sql:fence", "new", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.EqualValues(t, 1, execFenceUpdate(db, newer, 3))

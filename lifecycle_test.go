@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
@@ -355,7 +356,7 @@ func TestPanickingEventHandlerIsLoggedAndDeliveryGoesOn(t *testing.T) {
 // clockMovingStore is a real store whose Acquire takes d on a manual clock: a reply that
 // comes late.
 type clockMovingStore struct {
-	pglock.Store
+	store.Store
 	clock *pglocktest.ManualClock
 	d     time.Duration
 }
@@ -375,8 +376,8 @@ func TestAcquisitionConfirmedAfterItsTTLIsRefusedAndHandedBack(t *testing.T) {
 	// The database keeps an unreturned grant for the whole ttl: at 10 s, only the
 	// hand-back frees the key within the 5 s B is given (at 1 s, the expiry did as well).
 	const ttl = 10 * time.Second
-	late := &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl - ttl/10}
-	a := newClient(t, late, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
+	late := &clockMovingStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pool)), clock: clock, d: ttl - ttl/10}
+	a := newClient(t, pglock.WrapStore(late), quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	b := newClient(t, pglock.NewPostgresStore(pool), quiet)
 	_, err := a.TryAcquire(t.Context(), "k")
 	require.ErrorIs(t, err, pglock.ErrNotAcquired)
@@ -401,9 +402,9 @@ func TestFirstDeadlineCountsFromTheAcquisitionsSend(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	clock := pglocktest.NewManualClock(time.Now())
 	const ttl = time.Minute
-	store := &failingStore{Store: &clockMovingStore{Store: pglock.NewPostgresStore(pool), clock: clock, d: ttl / 2}}
+	store := &failingStore{Store: &clockMovingStore{Store: pglock.InternalStore(pglock.NewPostgresStore(pool)), clock: clock, d: ttl / 2}}
 	store.failing.Store(true) // no renewal is ever confirmed: the first deadline is the only one
-	c := newClient(t, store, quiet, pglock.TTL(ttl), pglock.WithClock(clock))
+	c := newClient(t, pglock.WrapStore(store), quiet, pglock.TTL(ttl), pglock.WithClock(clock))
 	sent := clock.Now()
 	l, err := c.TryAcquire(t.Context(), "k") // replied to at sent + ttl/2
 	require.NoError(t, err)

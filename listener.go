@@ -6,25 +6,10 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-// releasedChannel is what pglock.lock_release notifies, with the key as the payload,
-// when a waiter marked the key (migrations/000003_notify.up.sql).
-const releasedChannel = "pglock_released"
-
-// grantedChannel is what a release that hands its key to the head of the fair queue
-// notifies, with the head's owner as the payload (migrations/000014_queue.up.sql), so
-// that the one waiter granted the key is woken, on whichever client it waits.
-const grantedChannel = "pglock_granted"
-
-// The listener's reconnection backoff. It runs on the real clock, not the client's:
-// it waits for a server to come back, not for a lease.
-const (
-	listenerMinBackoff = 100 * time.Millisecond
-	listenerMaxBackoff = 10 * time.Second
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // listener wakes a Client's waiters (Acquire calls and campaigning elections) when the
@@ -44,7 +29,7 @@ const (
 // primary may lack the marks), and has the client confirm its locks (back).
 type listener struct {
 	config *pgx.ConnConfig // nil: no connection
-	marker wantMarker
+	marker store.Wanter
 	logger *slog.Logger
 	back   func()        // called when the connection comes back after it was cut
 	retry  chan struct{} // cuts a backoff short (retryNow)
@@ -62,11 +47,11 @@ type listener struct {
 	done     chan struct{}      // closed when it ends
 }
 
-func newListener(config *pgx.ConnConfig, store Store, logger *slog.Logger, back func()) *listener {
+func newListener(config *pgx.ConnConfig, s store.Store, logger *slog.Logger, back func()) *listener {
 	l := &listener{logger: logger, back: back, retry: make(chan struct{}, 1),
 		waiters: make(map[string][]*waiter), fair: make(map[string]chan struct{}),
 		lines: make(map[string][]fairEntry), done: make(chan struct{})}
-	if marker, ok := store.(wantMarker); ok && config != nil {
+	if marker, ok := s.(store.Wanter); ok && config != nil {
 		l.config, l.marker = config, marker
 	}
 	return l
@@ -98,50 +83,44 @@ func (l *listener) close(ctx context.Context) error {
 		return nil
 	}
 	cancel()
-	return waitDone(ctx, l.done)
+	return store.WaitDone(ctx, l.done)
 }
 
-// run keeps a connection LISTENing until ctx ends.
+// run keeps a connection LISTENing until ctx ends (store.Listen), and wakes the
+// waiters of what it hears.
 func (l *listener) run(ctx context.Context) {
 	defer close(l.done)
-	backoff, down := listenerMinBackoff, false
-	for {
-		conn, err := l.connect(ctx)
-		l.mu.Lock()
-		l.starting = false
-		l.mu.Unlock()
-		if err == nil {
-			if down {
-				l.logger.Info("pglock: listener reconnected")
-				l.back() // perhaps to another server: a failover
-			} else {
-				l.logger.Debug("pglock: listening for releases")
-			}
-			select {
-			case <-l.retry: // for the connection that just came up
-			default:
-			}
-			backoff, down = listenerMinBackoff, false
-			err = l.receive(ctx, conn)
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if !down {
-			l.logger.Warn("pglock: listener not connected; waiters poll until it is", slog.Any("err", err))
-			down = true
-		}
-		t := time.NewTimer(jitter(backoff))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		case <-l.retry:
-			t.Stop()
-		}
-		backoff = min(2*backoff, listenerMaxBackoff)
-	}
+	store.Listen(ctx, l.config, store.Listening{
+		Logger: l.logger,
+		Retry:  l.retry,
+		Tried: func() {
+			l.mu.Lock()
+			l.starting = false
+			l.mu.Unlock()
+		},
+		Up: func() {
+			l.mu.Lock()
+			l.up = true
+			l.wakeAll() // they may have missed releases while it was down: each tries again
+			l.mu.Unlock()
+		},
+		Down: func() {
+			l.mu.Lock()
+			l.up = false
+			l.mu.Unlock()
+		},
+		Back: l.back,
+		Released: func(key string) {
+			l.mu.Lock()
+			l.released(key)
+			l.mu.Unlock()
+		},
+		Granted: func(owner string) {
+			l.mu.Lock()
+			signal(l.fair[owner])
+			l.mu.Unlock()
+		},
+	})
 }
 
 // retryNow has a listener that waits to reconnect try at once: the client's other
@@ -151,54 +130,6 @@ func (l *listener) retryNow() {
 	case l.retry <- struct{}{}:
 	default:
 	}
-}
-
-func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
-	conn, err := pgx.ConnectConfig(ctx, l.config)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := conn.Exec(ctx, "LISTEN "+releasedChannel+"; LISTEN "+grantedChannel); err != nil {
-		closeConn(ctx, conn)
-		return nil, err
-	}
-	return conn, nil
-}
-
-// receive wakes the waiters of every key notified on conn until conn fails or ctx
-// ends, then closes conn.
-func (l *listener) receive(ctx context.Context, conn *pgx.Conn) error {
-	l.mu.Lock()
-	l.up = true
-	l.wakeAll() // they may have missed releases while it was down: each tries again
-	l.mu.Unlock()
-	defer func() {
-		l.mu.Lock()
-		l.up = false
-		l.mu.Unlock()
-		closeConn(ctx, conn)
-	}()
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if n != nil {
-			l.mu.Lock()
-			if n.Channel == grantedChannel {
-				signal(l.fair[n.Payload])
-			} else {
-				l.released(n.Payload)
-			}
-			l.mu.Unlock()
-		}
-	}
-}
-
-func closeConn(ctx context.Context, conn *pgx.Conn) {
-	ctx, cancel := detached(ctx)
-	defer cancel()
-	_ = conn.Close(ctx)
 }
 
 // The listener's side of the fair queue (queue.go): the fair waiters it wakes, and the

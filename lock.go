@@ -16,7 +16,7 @@ type Lock struct {
 	token  int64
 	key    string        // the lock's key, or the permit's semaphore's
 	permit int           // the permit's number; 0 for a lock
-	entry  renewer.Entry // Key (the row key: a permit's is permitKey), Owner, TTL; the renewer's bookkeeping
+	entry  renewer.Entry // Key (the row key: a permit's is store.PermitKey), Owner, TTL; the renewer's bookkeeping
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 

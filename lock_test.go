@@ -35,7 +35,7 @@ func TestPausedHolderLosesLockAfterTTLOnDatabaseClock(t *testing.T) {
 // then B take it once A's lease expired on the database clock, and A learn of its loss
 // when it wakes up. It returns false, having told nothing, when B's first try came
 // after A's expiry.
-func pausedHolderLosesLock(t *testing.T, store pglock.Store, pool *pgxpool.Pool, b *pglock.Client, ttl time.Duration) bool {
+func pausedHolderLosesLock(t *testing.T, store *pglock.Store, pool *pgxpool.Pool, b *pglock.Client, ttl time.Duration) bool {
 	t.Helper()
 	ctx := t.Context()
 	key := "inventory:stock-reconciliation:" + ttl.String()

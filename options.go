@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pglock/internal/schedule"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Limits on what a Client accepts.
@@ -92,13 +94,13 @@ type settings struct {
 	noListen           bool
 	oneInstance        bool
 	withoutOverlapping bool
-	atMost             int           // AtMost's; 0: none
-	runRetention       time.Duration // RunHistory's; 0: off
-	schedule           *schedule     // Cron's or Every's; nil: none
-	catchUp            int           // CatchUp's; 0: none
-	deadline           time.Duration // Deadline's; 0: none
-	attempts           int           // AtLeastOnce's; 0: at most once
-	backoff            time.Duration // AtLeastOnce's
+	atMost             int                // AtMost's; 0: none
+	runRetention       time.Duration      // RunHistory's; 0: off
+	schedule           *schedule.Schedule // Cron's or Every's; nil: none
+	catchUp            int                // CatchUp's; 0: none
+	deadline           time.Duration      // Deadline's; 0: none
+	attempts           int                // AtLeastOnce's; 0: at most once
+	backoff            time.Duration      // AtLeastOnce's
 }
 
 // applyOptions applies opts, given to the call callName, over s; get is the method of
@@ -166,7 +168,7 @@ func WithClock(clock Clock) ClientOption {
 // of valid UTF-8 without NUL bytes.
 func WithInstanceName(name string) ClientOption {
 	return clientOpt{name: "WithInstanceName", apply: func(s *settings) error {
-		if name == "" || utf8.RuneCountInString(name) > maxInstanceLength || !validText(name) {
+		if name == "" || utf8.RuneCountInString(name) > maxInstanceLength || !store.ValidText(name) {
 			return fmt.Errorf("%q: want 1 to %d characters of valid UTF-8 without NUL", name, maxInstanceLength)
 		}
 		s.instance = name
@@ -263,10 +265,6 @@ func AtMost(n int) JobOption {
 	}}
 }
 
-// maxOwnerLength is the longest owner the stores take (the SQL functions' bound): an
-// instance name of up to maxInstanceLength characters, a slash and a random suffix fit.
-const maxOwnerLength = 255
-
 // maxInstanceLength is the longest instance name (WithInstanceName).
 const maxInstanceLength = 200
 
@@ -276,74 +274,4 @@ func defaultInstanceName() string {
 		host = "localhost"
 	}
 	return fmt.Sprintf("%s/%d", host, os.Getpid())
-}
-
-// checkTTL returns an error naming what (an argument) for a ttl out of range.
-func checkTTL(what string, ttl time.Duration) error {
-	if ttl < MinTTL || ttl > MaxTTL {
-		return invalidArg("%s: ttl %v: want %v to %v", what, ttl, MinTTL, MaxTTL)
-	}
-	return nil
-}
-
-// checkKey returns an error wrapping ErrInvalidKey for a key no store should see, or
-// one with U+001F, which would make it a permit's row key (see permitKey).
-func checkKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case !validText(key):
-		return fmt.Errorf("%w: %q is not valid UTF-8 or contains a NUL byte", ErrInvalidKey, key)
-	case utf8.RuneCountInString(key) > MaxKeyLength:
-		return fmt.Errorf("%w: %d characters, the most is %d", ErrInvalidKey, utf8.RuneCountInString(key), MaxKeyLength)
-	case strings.Contains(key, permitSeparator):
-		return fmt.Errorf("%w: %q contains U+001F, which separates a semaphore's key from a permit's number", ErrInvalidKey, key)
-	}
-	return nil
-}
-
-// checkStoreKey is checkKey for a store call, which is given a lock's key or a
-// permit's row key.
-func checkStoreKey(key string) error {
-	if sem, permit := splitPermitKey(key); permit > 0 {
-		return checkSemaphore(sem, permit)
-	}
-	return checkKey(key)
-}
-
-func validText(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return false
-		}
-	}
-	return utf8.ValidString(s)
-}
-
-// checkAcquire is checkCall for an acquisition of a lock's key: a permit's row key is
-// taken only through its semaphore (semAcquire), never as a lock.
-func checkAcquire(key, owner string, ttl time.Duration) error {
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	return checkCall(key, owner, ttl)
-}
-
-// checkSemCall is checkCall for a call on a semaphore.
-func checkSemCall(key, owner string, ttl time.Duration, permits int) error {
-	if err := checkSemaphore(key, permits); err != nil {
-		return err
-	}
-	return checkCall(key, owner, ttl)
-}
-
-// checkCall is the stores' argument check: what a client would never send.
-func checkCall(key, owner string, ttl time.Duration) error {
-	if err := checkStoreKey(key); err != nil {
-		return err
-	}
-	if owner == "" || utf8.RuneCountInString(owner) > maxOwnerLength || !validText(owner) {
-		return invalidArg("owner %q: want 1 to %d characters of valid UTF-8 without NUL", owner, maxOwnerLength)
-	}
-	return checkTTL("ttl", ttl)
 }

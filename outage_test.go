@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -25,7 +26,7 @@ import (
 // new timeline, tokens carry it from then on (as migration 000012 has PostgreSQL's do);
 // while down, every call fails as on a connection to a server that is gone.
 type switchingStore struct {
-	pglock.Store
+	store.Store
 
 	mu       sync.Mutex
 	granted  map[string]string // key → owner, granted since the last failover
@@ -36,7 +37,7 @@ type switchingStore struct {
 }
 
 func newSwitchingStore(clock pglock.Clock) *switchingStore {
-	return &switchingStore{Store: pglock.NewMemoryStore(clock), granted: map[string]string{}}
+	return &switchingStore{Store: pglock.InternalStore(pglock.NewMemoryStore(clock)), granted: map[string]string{}}
 }
 
 func (s *switchingStore) err() error {
@@ -81,6 +82,20 @@ func (s *switchingStore) Release(ctx context.Context, key, owner string) (bool, 
 		return false, err
 	}
 	return s.Store.Release(ctx, key, owner)
+}
+
+func (s *switchingStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+	if err := s.err(); err != nil {
+		return nil, err
+	}
+	return s.Store.RenewMany(ctx, keys, owners, ttl)
+}
+
+func (s *switchingStore) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+	if err := s.err(); err != nil {
+		return nil, err
+	}
+	return s.Store.ReleaseMany(ctx, keys, owners)
 }
 
 // failover loses every lock granted so far; newTimeline has the tokens show it.
@@ -129,7 +144,7 @@ func TestHeldLocksAreConfirmedAtOnce(t *testing.T) {
 		t.Parallel()
 		clock := pglocktest.NewManualClock(time.Now())
 		store := newSwitchingStore(clock)
-		c := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock), quiet)
+		c := newClient(t, pglock.WrapStore(store), pglock.TTL(ttl), pglock.WithClock(clock), quiet)
 		lost, err := c.TryAcquire(t.Context(), "held")
 		require.NoError(t, err)
 		clock.Advance(time.Second)
@@ -153,7 +168,7 @@ func TestHeldLocksAreConfirmedAtOnce(t *testing.T) {
 		t.Parallel()
 		clock := pglocktest.NewManualClock(time.Now())
 		store := newSwitchingStore(clock)
-		c := newClient(t, store, pglock.TTL(ttl), pglock.WithClock(clock), quiet)
+		c := newClient(t, pglock.WrapStore(store), pglock.TTL(ttl), pglock.WithClock(clock), quiet)
 		lost, err := c.TryAcquire(t.Context(), "held")
 		require.NoError(t, err)
 		clock.Advance(time.Second)
@@ -222,10 +237,10 @@ func TestAcquireRidesOutAnOutage(t *testing.T) {
 	parked := func(t *testing.T) (*switchingStore, *pglock.Lock, <-chan error) {
 		t.Helper()
 		store := newSwitchingStore(nil)
-		holder := newClient(t, store.Store, quiet) // beside the outage
+		holder := newClient(t, pglock.WrapStore(store.Store), quiet) // beside the outage
 		held, err := holder.TryAcquire(t.Context(), "k")
 		require.NoError(t, err)
-		waiter := newClient(t, store, pglock.TTL(ttl), quiet)
+		waiter := newClient(t, pglock.WrapStore(store), pglock.TTL(ttl), quiet)
 		got := make(chan error, 1)
 		go func() {
 			l, err := waiter.Acquire(t.Context(), "k")
@@ -266,7 +281,7 @@ func TestAcquireRidesOutAnOutage(t *testing.T) {
 		t.Parallel()
 		store := newSwitchingStore(nil)
 		store.setDown(true)
-		c := newClient(t, store, pglock.TTL(ttl), quiet)
+		c := newClient(t, pglock.WrapStore(store), pglock.TTL(ttl), quiet)
 		start := time.Now()
 		_, err := c.Acquire(t.Context(), "k")
 		var op *net.OpError
@@ -283,10 +298,10 @@ func TestCampaignRetriesSoonAfterAnOutage(t *testing.T) {
 	t.Parallel()
 	const ttl = 3 * time.Second // campaigns every second
 	store := newSwitchingStore(nil)
-	holder := newClient(t, store.Store, quiet) // beside the outage
+	holder := newClient(t, pglock.WrapStore(store.Store), quiet) // beside the outage
 	held, err := holder.TryAcquire(t.Context(), "leader")
 	require.NoError(t, err)
-	c := newClient(t, store, quiet)
+	c := newClient(t, pglock.WrapStore(store), quiet)
 	acquired := make(chan time.Time, 1)
 	_, err = c.Elect("leader", pglock.LeaderCallbacks{
 		OnAcquired: func(context.Context, *pglock.Lock) error { acquired <- time.Now(); return nil },

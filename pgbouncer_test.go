@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -88,7 +89,7 @@ func TestPgBouncerStoreContract(t *testing.T) {
 	bouncerURL, directURL := behindPgBouncer(t)
 	pool := bouncerPool(t, bouncerURL, 20)
 	direct := pglocktest.Pool(t, directURL, 2)
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
+	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewPostgresStore(pool) }, storetest.Options{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {

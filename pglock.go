@@ -11,32 +11,28 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock/internal/renewer"
+	"github.com/pgfence/pglock/internal/store"
 )
-
-// storeTimeout bounds the store calls a Client makes on a context detached from its
-// caller's cancellation: releases (a lease's at Close too), the hand-backs of failed
-// acquisitions, the run history's writes, Health's probes.
-const storeTimeout = 5 * time.Second
 
 // Client takes, renews and releases locks for one instance of an application. Create
 // it with New (PostgreSQL) or NewWithStore, and Close it at shutdown so that every
 // lock it holds is handed back at once rather than left to expire. It is safe for
 // concurrent use.
 type Client struct {
-	store    Store
+	store    store.Store // observed: every call feeds Health
 	clock    Clock
 	logger   *slog.Logger
 	ttl      time.Duration
 	instance string
 	renewer  *renewer.Renewer
-	renewals *renewals                                                  // the renewer's way to the store
+	renewals *store.Renewals                                            // the renewer's way to the store
 	release  func(ctx context.Context, key, owner string) (bool, error) // a Release's way: the renewals', else the store's
 	events   *events
-	listener *listener    // wakes waiters when their key is released
-	history  *history     // writes job runs and skips; nil when RunHistory is off or the store keeps none
-	registry *registry    // writes the jobs and elections registered; nil when the store keeps none
-	health   health       // what Health reports
-	timeline atomic.Int64 // the latest timeline of the server seen in a token (see laterTimeline)
+	listener *listener       // wakes waiters when their key is released
+	history  *store.History  // writes job runs and skips; nil when RunHistory is off
+	registry *store.Registry // writes the jobs and elections registered
+	health   health          // what Health reports
+	timeline atomic.Int64    // the latest timeline of the server seen in a token (see laterTimeline)
 
 	mu       sync.Mutex
 	closed   bool
@@ -64,17 +60,17 @@ func New(pool *pgxpool.Pool, opts ...ClientOption) (*Client, error) {
 // NewWithStore returns a Client on store: one of NewPostgresStore or NewSQLStore, or
 // NewMemoryStore for one process (tests). Errors wrap ErrInvalidArgument and name the
 // option at fault.
-func NewWithStore(store Store, opts ...ClientOption) (*Client, error) {
-	if store == nil {
+func NewWithStore(s *Store, opts ...ClientOption) (*Client, error) {
+	if s == nil || s.s == nil {
 		return nil, invalidArg("NewWithStore: nil store")
 	}
-	if s, ok := store.(*postgresStore); ok && s.invalid != nil {
-		return nil, s.invalid
+	if err := store.Invalid(s.s); err != nil {
+		return nil, err
 	}
-	return newClient(store, "NewWithStore", opts)
+	return newClient(s, "NewWithStore", opts)
 }
 
-func newClient(store Store, callName string, opts []ClientOption) (*Client, error) {
+func newClient(s *Store, callName string, opts []ClientOption) (*Client, error) {
 	cfg := settings{ttl: DefaultTTL, runRetention: defaultRunRetention}
 	if err := applyOptions(&cfg, callName, opts, ClientOption.clientOption); err != nil {
 		return nil, err
@@ -89,7 +85,6 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 		cfg.instance = defaultInstanceName()
 	}
 	c := &Client{
-		store:    store,
 		clock:    cfg.clock,
 		logger:   cfg.logger,
 		ttl:      cfg.ttl,
@@ -99,27 +94,27 @@ func newClient(store Store, callName string, opts []ClientOption) (*Client, erro
 		sections: make(map[*section]struct{}),
 		keys:     make(map[string]string),
 	}
-	raw := store
-	store = c.watchStore(store) // every store call below feeds Health
+	st := c.watchStore(s.s) // every store call below feeds Health
 	if cfg.listenOverride != nil {
 		cfg.listen = cfg.listenOverride
 	}
 	if cfg.noListen {
 		cfg.listen = nil
 	}
-	c.renewals = newRenewals(raw)
-	c.handBacks = newHandBacks(store, cfg.logger)
-	c.release = store.Release
-	if c.renewals.active() {
-		c.handBacks.many = watchedRenewals{c.renewals, c.health.calls}.releaseMany
-		c.release = watchedRenewals{c.renewals, c.health.calls}.Release
+	c.renewals = store.NewRenewals(s.s)
+	c.handBacks = newHandBacks(st, cfg.logger)
+	c.release = st.Release
+	var renewals renewer.Store = st
+	if c.renewals.Active() {
+		own := store.ObserveRenewals(c.renewals, c.health.calls)
+		c.handBacks.many, c.release, renewals = own.ReleaseMany, own.Release, own
 	}
-	c.listener = newListener(cfg.listen, store, cfg.logger, c.connectionsBack)
-	c.history = newHistory(store, cfg.logger, cfg.instance, cfg.runRetention)
-	c.registry = newRegistry(store, cfg.logger, cfg.instance)
+	c.listener = newListener(cfg.listen, st, cfg.logger, c.connectionsBack)
+	c.history = store.NewHistory(st, cfg.logger, cfg.instance, cfg.runRetention)
+	c.registry = store.NewRegistry(st, cfg.logger, cfg.instance)
 	c.onClose(c.listener.close)
 	c.renewer = renewer.New(renewer.Config{
-		Store: c.renewerStore(store),
+		Store: renewals,
 		Now:   cfg.clock.Now,
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return cfg.clock.AfterFunc(d, f).Stop
@@ -205,27 +200,11 @@ func (c *Client) leave(s *section) {
 // waitSections waits for every section of ss to return, or for ctx to end.
 func waitSections(ctx context.Context, ss []*section) error {
 	for _, s := range ss {
-		if err := waitDone(ctx, s.done); err != nil {
+		if err := store.WaitDone(ctx, s.done); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-// waitDone waits until done is closed, or until ctx ends (returning its cause); done
-// wins when both are.
-func waitDone(ctx context.Context, done <-chan struct{}) error {
-	select {
-	case <-done:
-		return nil
-	default:
-	}
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 func (c *Client) isClosed() bool {
@@ -335,18 +314,18 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.handBacks.close(ctx), c.history.close(ctx), c.registry.close(ctx), c.renewer.Close(ctx), c.renewals.close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.close(ctx), c.history.Close(ctx), c.registry.Close(ctx), c.renewer.Close(ctx), c.renewals.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
 	return errors.Join(errs...)
 }
 
-// detached returns ctx without its cancellation, with storeTimeout: for the calls that
+// detached returns ctx without its cancellation, with store.Timeout: for the calls that
 // must reach the store even when the caller has given up (gocron hands tasks a ctx that
 // is already cancelled at its shutdown).
 func detached(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	return context.WithTimeout(context.WithoutCancel(ctx), store.Timeout)
 }
 
 // sleep waits d on the client's clock, or until ctx ends (returning its cause).

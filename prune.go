@@ -15,21 +15,16 @@ const pruneBatch = 1000
 // lock not held now. It never touches a live lock, and tokens keep growing across it. It is
 // safe to call from many instances at once. Each call scans the table: run it every few
 // minutes, from a job for instance. ctx bounds the whole: when it ends, Prune returns
-// what it deleted so far and ctx's error. A negative olderThan is ErrInvalidArgument; on
-// a type that embeds a Store it returns an error wrapping errors.ErrUnsupported. See the
-// package doc, # Listing, forcing a release and pruning.
+// what it deleted so far and ctx's error. A negative olderThan is ErrInvalidArgument. See
+// the package doc, # Listing, forcing a release and pruning.
 func (c *Client) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < 0 {
 		return 0, invalidArg("Prune: olderThan %v is negative", olderThan)
 	}
-	b, err := c.backend("prune", "cannot prune")
-	if err != nil {
-		return 0, err
-	}
-	total, err := pruneAll(ctx, func(ctx context.Context) (int64, error) { return b.prune(ctx, olderThan, pruneBatch) })
+	total, err := pruneAll(ctx, func(ctx context.Context) (int64, error) { return c.store.Prune(ctx, olderThan, pruneBatch) })
 	if s := c.slotStore(); s != nil && err == nil {
 		var slots int64
-		slots, err = pruneAll(ctx, func(ctx context.Context) (int64, error) { return s.slotPrune(ctx, olderThan, pruneBatch) })
+		slots, err = pruneAll(ctx, func(ctx context.Context) (int64, error) { return s.SlotPrune(ctx, olderThan, pruneBatch) })
 		total += slots
 	}
 	return total, err

@@ -24,13 +24,13 @@ import (
 // store; pool reaches the same database for setup and checks.
 type pruneDB struct {
 	pool   *pgxpool.Pool
-	store  pglock.Store
+	store  *pglock.Store
 	client *pglock.Client // for Prune; its clock never moves, so it renews nothing
 }
 
 // pruneForms returns a constructor per form of the PostgreSQL store.
 func pruneForms() map[string]func(t *testing.T) pruneDB {
-	client := func(t *testing.T, store pglock.Store) *pglock.Client {
+	client := func(t *testing.T, store *pglock.Store) *pglock.Client {
 		return newClient(t, store, pglock.WithClock(pglocktest.NewManualClock(time.Now())))
 	}
 	return map[string]func(t *testing.T) pruneDB{
@@ -51,19 +51,19 @@ func pruneForms() map[string]func(t *testing.T) pruneDB {
 }
 
 // acquire takes key on store for owner "o" and returns its token.
-func acquire(t *testing.T, store pglock.Store, key string, ttl time.Duration) int64 {
+func acquire(t *testing.T, store *pglock.Store, key string, ttl time.Duration) int64 {
 	t.Helper()
-	token, ok, err := store.Acquire(t.Context(), key, "o", ttl)
+	token, ok, err := pglock.InternalStore(store).Acquire(t.Context(), key, "o", ttl)
 	require.NoError(t, err)
 	require.True(t, ok, key)
 	return token
 }
 
 // released takes key on store and releases it, and returns its token.
-func released(t *testing.T, store pglock.Store, key string) int64 {
+func released(t *testing.T, store *pglock.Store, key string) int64 {
 	t.Helper()
 	token := acquire(t, store, key, time.Minute)
-	ok, err := store.Release(t.Context(), key, "o")
+	ok, err := pglock.InternalStore(store).Release(t.Context(), key, "o")
 	require.NoError(t, err)
 	require.True(t, ok, key)
 	return token
@@ -254,7 +254,7 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 	}
 	stalled := make(chan result, 1)
 	go func() {
-		token, ok, err := db.store.Acquire(ctx, "k", "stalled", time.Minute)
+		token, ok, err := pglock.InternalStore(db.store).Acquire(ctx, "k", "stalled", time.Minute)
 		stalled <- result{token, ok, err}
 	}()
 	require.Eventually(t, func() bool {
@@ -264,7 +264,7 @@ func TestPruneDuringAStalledFirstAcquisitionKeepsTheTokenRule(t *testing.T) {
 		return err == nil && stalled
 	}, 5*time.Second, 5*time.Millisecond, "the acquisition stalls in its INSERT")
 
-	_, ok, err := db.store.Acquire(ctx, "k", "o", time.Minute)
+	_, ok, err := pglock.InternalStore(db.store).Acquire(ctx, "k", "o", time.Minute)
 	require.NoError(t, err)
 	require.False(t, ok, "a key being created is held")
 	other := released(t, db.store, "k2")
@@ -422,17 +422,10 @@ func TestPruneOnTheMemoryStore(t *testing.T) {
 	n, err = c.Prune(ctx, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "released-now")
-	holder, err := pglock.StoreHolder(ctx, store, "live")
+	holder, err := storeHolder(ctx, store, "live")
 	require.NoError(t, err)
 	require.True(t, holder.Held, "a live lock is never pruned")
 	require.Greater(t, acquire(t, store, "released", time.Minute), old)
-}
-
-func TestPruneOnAStoreWithoutTheCapabilityIsUnsupported(t *testing.T) {
-	t.Parallel()
-	c := newClient(t, struct{ pglock.Store }{pglock.NewMemoryStore(nil)})
-	_, err := c.Prune(t.Context(), time.Hour)
-	require.ErrorIs(t, err, errors.ErrUnsupported)
 }
 
 // Prune deletes what dead fair waiters and emptied semaphores leave behind: a waiter

@@ -6,30 +6,28 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // The fair queue (Fair): waiters served in the order they arrived, across every client
 // of the database. The order and the handovers are kept by the database
 // (migrations/000014_queue.up.sql): a fair waiter that finds its key held is queued
 // with a ticket, a release hands the key to the live waiter with the smallest ticket in
-// the same call (a grant, for queueBound), and that waiter claims it with its next
+// the same call (a grant, for store.QueueBound), and that waiter claims it with its next
 // poll. A waiter is live while its client polls for it: at least every queueHeartbeat, and at
-// once when the listener hears that its key was granted to it (grantedChannel).
-
-// queueBound is Q, how long a fair waiter stays live after its last poll and how long
-// a grant waits for its claim: the database's "interval '1 second'" in 000014.
-const queueBound = time.Second
+// once when the listener hears that its key was granted to it (store.Listen).
 
 // queueHeartbeat is how often a fair waiter polls when nothing wakes it: Q/4, so that
 // three lost or late polls in a row do not yet make it look dead.
-const queueHeartbeat = queueBound / 4
+const queueHeartbeat = store.QueueBound / 4
 
 // Fair makes Acquire and WithLock (Semaphore.Acquire and WithPermit) wait in the key's
 // (the semaphore's) queue, shared by every client of the database: the waiter that
 // arrived first, on any instance, is served first. While a fair waiter is queued,
-// TryAcquire and Acquire without Fair fail even on a free key. With a Store that embeds
-// another, or a PostgreSQL store in a transaction of the caller's, Acquire returns an
-// error wrapping errors.ErrUnsupported. See the package doc, # Fair queue.
+// TryAcquire and Acquire without Fair fail even on a free key. With a PostgreSQL store in
+// a transaction of the caller's, Acquire returns an error wrapping errors.ErrUnsupported.
+// See the package doc, # Fair queue.
 func Fair() AcquireOption {
 	return acquireOpt{name: "Fair", apply: func(s *settings) error {
 		s.fair = true
@@ -41,11 +39,7 @@ func Fair() AcquireOption {
 // once its options are applied.
 func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start time.Time) (*Lock, error) {
 	key := t.key
-	b, err := c.backend("Acquire with Fair", "has no fair queue")
-	if err != nil {
-		return nil, err
-	}
-	if s, ok := unwatched(c.store).(*postgresStore); ok && s.inTx != nil && s.inTx() {
+	if store.InCallerTx(store.Unobserved(c.store)) {
 		return nil, fmt.Errorf("pglock: Acquire with Fair: the store runs in a transaction of the caller's, "+
 			"which would keep the key's row locked while it waits (the release it waits for would wait for it) "+
 			"and make the caller's commit asynchronous: use a store on a pool or a connection: %w", errors.ErrUnsupported)
@@ -54,7 +48,7 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 	if lc.waitSet {
 		deadline = start.Add(lc.wait)
 	}
-	q := &fairWaiter{c: c, b: b, t: t, owner: c.newOwner(), ttl: lc.ttl}
+	q := &fairWaiter{c: c, b: c.store, t: t, owner: c.newOwner(), ttl: lc.ttl}
 	wake := c.listener.fairWait(q.owner)
 	defer c.listener.fairDone(q.owner)
 	var failingSince time.Time // of the failed polls in a row, on the real clock
@@ -70,12 +64,12 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 		}
 		// The lease of a key taken or claimed counts from when the call had its
 		// connection, not from before a wait for a busy pool (see sendMark).
-		mark := &sendMark{wait: ctx, now: c.clock.Now, sent: c.clock.Now()}
-		permit, token, err := q.step(withSendMark(ctx, mark))
+		mark := &store.SendMark{Wait: ctx, Now: c.clock.Now, Sent: c.clock.Now()}
+		permit, token, err := q.step(store.WithSendMark(ctx, mark))
 		q.reline()
 		switch {
 		case err == nil && token > 0:
-			return c.newLock(t, permit, q.owner, lc.ttl, token, start, mark.sent)
+			return c.newLock(t, permit, q.owner, lc.ttl, token, start, mark.Sent)
 		case err == nil:
 			failingSince = time.Time{}
 			if q.ticket == 0 {
@@ -134,10 +128,6 @@ func (c *Client) acquireFair(ctx context.Context, t target, lc settings, start t
 	}
 }
 
-// maxAhead is how far queue_poll (000024) and queue_acquire (000026) count the waiters
-// ahead of the caller.
-const maxAhead = 8
-
 // nearPoll is the longest pause, while the listener starts, of a fair waiter with ahead
 // live waiters before it that wait for a grant: 5 ms for the head, then 10 and 20; 0
 // (none of its own) for a waiter further back or whose place is unknown. Only these
@@ -154,7 +144,7 @@ func nearPoll(ahead int) time.Duration {
 // fairWaiter is one fair Acquire's place in the queue of its key (of its semaphore).
 type fairWaiter struct {
 	c      *Client
-	b      backend
+	b      store.Store
 	t      target
 	owner  string
 	ttl    time.Duration
@@ -194,7 +184,7 @@ func (q *fairWaiter) unline() {
 // and token of what it took or claimed, a 0 token while waiting.
 func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 	if q.ticket == 0 {
-		permit, token, ticket, ahead, err := q.b.queueAcquire(ctx, q.t, q.owner, q.ttl)
+		permit, token, ticket, ahead, err := q.b.QueueAcquire(ctx, store.Target{Key: q.t.key, Permits: q.t.permits}, q.owner, q.ttl)
 		q.unsure = err != nil && mayHaveReached(err)
 		q.ticket, q.ahead = ticket, ahead
 		if err != nil {
@@ -202,7 +192,7 @@ func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 		}
 		return permit, token, err
 	}
-	permit, token, queued, ahead, err := q.b.queuePoll(ctx, q.t.key, q.ticket)
+	permit, token, queued, ahead, err := q.b.QueuePoll(ctx, q.t.key, q.ticket)
 	if err == nil {
 		q.ahead = ahead
 		if !queued {
@@ -230,7 +220,7 @@ func (q *fairWaiter) leave() {
 	}
 	ctx, cancel := detached(context.Background())
 	defer cancel()
-	left, err := q.b.queueLeave(ctx, q.t.key, q.ticket)
+	left, err := q.b.QueueLeave(ctx, q.t.key, q.ticket)
 	q.ticket = 0
 	if err != nil || !left {
 		q.c.undoAcquire(undo, q.owner, q.ttl)

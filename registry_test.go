@@ -2,7 +2,6 @@ package pglock_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -162,18 +161,6 @@ func TestRegistryOnTheMemoryStore(t *testing.T) {
 	require.Equal(t, clock.Now(), jobs["reports:nightly"].Registrations[0].Registered)
 	elections := awaitElections(t, c, 1, "scheduler:leader")
 	require.Equal(t, "a", elections[0].Instance)
-}
-
-// A type that embeds a Store keeps no registry: Elections says so, and jobs and
-// elections register on it as before.
-func TestElectionsOnAnEmbeddingStoreIsUnsupported(t *testing.T) {
-	t.Parallel()
-	c := newClient(t, struct{ pglock.Store }{pglock.NewMemoryStore(nil)})
-	_, err := c.Job("reports:nightly", func(context.Context) error { return nil }, pglock.WithoutOverlapping())
-	require.NoError(t, err)
-	_, err = c.Elections(t.Context())
-	require.ErrorIs(t, err, errors.ErrUnsupported)
-	require.ErrorContains(t, err, "pglock: list elections")
 }
 
 // registry_touch refuses bad input with invalid_parameter_value (22023) and writes

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -96,7 +97,7 @@ func appRoleDB(t *testing.T) (admin, app *pgxpool.Pool) {
 func TestRoleWithReadmeGrantsPassesTheStoreContract(t *testing.T) {
 	t.Parallel()
 	admin, app := appRoleDB(t)
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(app) }, contractOptions{
+	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewPostgresStore(app) }, storetest.Options{
 		Concurrent: true,
 		RewindTokens: func(t testing.TB) { // the application itself may not
 			_, err := admin.Exec(t.Context(), "ALTER SEQUENCE pglock.fencing_token_seq RESTART")
@@ -163,7 +164,7 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 		require.EqualValues(t, 1, written)
 		_, err = admin.Exec(ctx, "UPDATE pglock.locks SET expires_at = clock_timestamp() WHERE key = 'role:fence'")
 		require.NoError(t, err, "a renewal-like UPDATE does not wait for FOR KEY SHARE")
-		_, ok, err := pglock.NewPostgresStore(app).Acquire(ctx, "role:fence", "intruder", time.Minute)
+		_, ok, err := pglock.InternalStore(pglock.NewPostgresStore(app)).Acquire(ctx, "role:fence", "intruder", time.Minute)
 		require.NoError(t, err)
 		require.False(t, ok, "the expired lock stays with the open fenced transaction")
 		require.NoError(t, tx.Commit(ctx))
@@ -201,10 +202,10 @@ func TestRoleWithReadmeGrantsRunsJobsElectionsPrunesAndFences(t *testing.T) {
 
 	t.Run("Prune", func(t *testing.T) {
 		store := pglock.NewPostgresStore(app)
-		_, ok, err := store.Acquire(ctx, "role:prune", "o", time.Minute)
+		_, ok, err := pglock.InternalStore(store).Acquire(ctx, "role:prune", "o", time.Minute)
 		require.NoError(t, err)
 		require.True(t, ok)
-		released, err := store.Release(ctx, "role:prune", "o")
+		released, err := pglock.InternalStore(store).Release(ctx, "role:prune", "o")
 		require.NoError(t, err)
 		require.True(t, released)
 		c := newPoolClient(t, app)
@@ -231,7 +232,7 @@ func TestRoleWithReadmeGrantsCannotWriteTheLocksOrTheSequence(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	_, app := appRoleDB(t)
-	token, ok, err := pglock.NewPostgresStore(app).Acquire(ctx, "role:victim", "holder", time.Minute)
+	token, ok, err := pglock.InternalStore(pglock.NewPostgresStore(app)).Acquire(ctx, "role:victim", "holder", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	for _, q := range []string{
@@ -251,7 +252,7 @@ func TestRoleWithReadmeGrantsCannotWriteTheLocksOrTheSequence(t *testing.T) {
 		_, err := app.Exec(ctx, q)
 		requireSQLState(t, err, "42501") // insufficient_privilege
 	}
-	h, err := pglock.StoreHolder(ctx, pglock.NewPostgresStore(app), "role:victim")
+	h, err := storeHolder(ctx, pglock.NewPostgresStore(app), "role:victim")
 	require.NoError(t, err)
 	require.Equal(t, "holder", h.Owner)
 	require.Equal(t, token, h.Token)
@@ -271,16 +272,16 @@ func TestRoleWithoutGrantsGetsAnErrorThatSaysWhatToGrant(t *testing.T) {
 			ctx := t.Context()
 			pool := pglocktest.Pool(t, newRole(t, dbURL, tc.grants...), 2)
 			store := pglock.NewPostgresStore(pool)
-			_, _, err := store.Acquire(ctx, "role:k", "o", time.Minute)
+			_, _, err := pglock.InternalStore(store).Acquire(ctx, "role:k", "o", time.Minute)
 			requireSQLState(t, err, "42501")
 			require.ErrorContains(t, err, "GRANT USAGE ON SCHEMA pglock and EXECUTE ON ALL FUNCTIONS IN SCHEMA pglock")
-			_, err = store.Renew(ctx, "role:k", "o", time.Minute)
+			_, err = pglock.InternalStore(store).Renew(ctx, "role:k", "o", time.Minute)
 			requireSQLState(t, err, "42501")
-			_, err = store.Release(ctx, "role:k", "o")
+			_, err = pglock.InternalStore(store).Release(ctx, "role:k", "o")
 			requireSQLState(t, err, "42501")
-			_, err = pglock.StoreHolder(ctx, store, "role:k")
+			_, err = storeHolder(ctx, store, "role:k")
 			requireSQLState(t, err, "42501")
-			_, err = pglock.StoreRenewMany(ctx, store, []string{"role:k"}, []string{"o"}, time.Minute)
+			_, err = storeRenewMany(ctx, store, []string{"role:k"}, []string{"o"}, time.Minute)
 			requireSQLState(t, err, "42501")
 			c := newClient(t, store, quiet, pglock.WithoutListener())
 			_, err = c.Locks(ctx, "")
@@ -317,15 +318,15 @@ func TestRoleGrantedTheTableBefore000006KeepsWorkingAfterIt(t *testing.T) {
 		`GRANT SELECT ON pglock.waiters TO %s`)
 	app := pglocktest.Pool(t, appURL, 2)
 	store := pglock.NewPostgresStore(app)
-	_, ok, err := store.Acquire(ctx, "role:before", "o", time.Minute)
+	_, ok, err := pglock.InternalStore(store).Acquire(ctx, "role:before", "o", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, err = admin.Exec(ctx, string(up))
 	require.NoError(t, err)
-	released, err := store.Release(ctx, "role:before", "o")
+	released, err := pglock.InternalStore(store).Release(ctx, "role:before", "o")
 	require.NoError(t, err)
 	require.True(t, released)
-	_, ok, err = store.Acquire(ctx, "role:before", "o", time.Minute)
+	_, ok, err = pglock.InternalStore(store).Acquire(ctx, "role:before", "o", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 }

@@ -3,6 +3,8 @@ package pglock
 import (
 	"context"
 	"sync"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // runs counts the runs in progress of a job, a gocron locker or a gocron elector, so
@@ -47,5 +49,5 @@ func (r *runs) wait(ctx context.Context) error {
 	}
 	idle := r.idle
 	r.mu.Unlock()
-	return waitDone(ctx, idle)
+	return store.WaitDone(ctx, idle)
 }

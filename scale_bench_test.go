@@ -402,7 +402,7 @@ func BenchmarkManyInstances(b *testing.B) {
 	// to back, the clients' renewers stopped: two lock_renew_many calls over the same rows
 	// in different orders can deadlock (each locks its rows in its array's order), which
 	// pglock never does, each key being renewed by one client, one call at a time.
-	batch := batchStore{pglock.NewPostgresStore(pool)}
+	batch := pglock.InternalStore(pglock.NewPostgresStore(pool))
 	shareKeys, shareOwners := make([][]string, nClients), make([][]string, nClients)
 	for i, l := range locks {
 		shareKeys[i%nClients] = append(shareKeys[i%nClients], l.Key())
@@ -543,7 +543,7 @@ func BenchmarkRenewalLimit(b *testing.B) {
 				keys[i] = append(keys[i], fmt.Sprintf("tenant:%07d:sync", g))
 				owners[i] = append(owners[i], fmt.Sprintf("instance-%02d/4242/%013d", i, g))
 			}
-			batch := batchStore{pglock.NewPostgresStore(pool)}
+			batch := pglock.InternalStore(pglock.NewPostgresStore(pool))
 			renew := func(i int) (int, error) {
 				renewed, err := batch.RenewMany(ctx, keys[i], owners[i], time.Hour)
 				if err == nil && len(renewed) != len(keys[i]) {

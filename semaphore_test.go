@@ -20,14 +20,14 @@ import (
 
 // semaphoreStores are the stores a semaphore test runs on: the PostgreSQL store (its
 // pool, for reading the table on the database clock) and the memory store (no pool).
-func semaphoreStores(t *testing.T) map[string]func(t *testing.T) (pglock.Store, *pgxpool.Pool) {
+func semaphoreStores(t *testing.T) map[string]func(t *testing.T) (*pglock.Store, *pgxpool.Pool) {
 	t.Helper()
-	return map[string]func(t *testing.T) (pglock.Store, *pgxpool.Pool){
-		"Postgres": func(t *testing.T) (pglock.Store, *pgxpool.Pool) {
+	return map[string]func(t *testing.T) (*pglock.Store, *pgxpool.Pool){
+		"Postgres": func(t *testing.T) (*pglock.Store, *pgxpool.Pool) {
 			pool := pglocktest.Postgres(t)
 			return pglock.NewPostgresStore(pool), pool
 		},
-		"Memory": func(*testing.T) (pglock.Store, *pgxpool.Pool) { return pglock.NewMemoryStore(nil), nil },
+		"Memory": func(*testing.T) (*pglock.Store, *pgxpool.Pool) { return pglock.NewMemoryStore(nil), nil },
 	}
 }
 

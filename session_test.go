@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -27,7 +28,7 @@ import (
 // isolation as the default, each call is its own REPEATABLE READ or SERIALIZABLE
 // transaction, and one that meets a row changed since its snapshot fails with 40001
 // (SERIALIZABLE also fails on read/write dependencies between calls, on any keys); the
-// pgx store sends such a call again in a READ COMMITTED transaction (store_retry.go),
+// pgx store sends such a call again in a READ COMMITTED transaction (internal/store/retry.go),
 // so that few, if any, reach the caller, and only after four tries; with a small
 // lock_timeout, a call that has to wait for another one on the same key (an INSERT of
 // the same new key, a renewal behind an acquisition's row lock) fails with 55P03. An
@@ -78,7 +79,7 @@ func TestSessionSettingsKeepTheStoreContract(t *testing.T) {
 			dbURL := pglocktest.PostgresURL(t)
 			admin := pglocktest.Pool(t, dbURL, 2)
 			pool := sessionPool(t, dbURL, 20, s.params)
-			testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
+			testStore(t, func(*testing.T) *pglock.Store { return pglock.NewPostgresStore(pool) }, storetest.Options{
 				// The store retries what 40001 rolled back: the races run too.
 				Concurrent: !slices.Contains(s.raceFails, "55P03"),
 				Serial:     slices.Contains(s.raceFails, "55P03"),
@@ -103,7 +104,7 @@ func TestSessionSettingsKeepALocksMeaning(t *testing.T) {
 			store := pglock.NewPostgresStore(pool)
 
 			// The expiry is ttl from now on the database clock, read from a default session.
-			t1, ok, err := store.Acquire(ctx, "session:k", "a", 2*time.Second)
+			t1, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:k", "a", 2*time.Second)
 			require.NoError(t, err)
 			require.True(t, ok)
 			var left time.Duration
@@ -111,30 +112,30 @@ func TestSessionSettingsKeepALocksMeaning(t *testing.T) {
 				"SELECT expires_at - clock_timestamp() FROM pglock.locks WHERE key = 'session:k'").Scan(&left))
 			require.Greater(t, left, time.Second)
 			require.LessOrEqual(t, left, 2*time.Second)
-			h, err := pglock.StoreHolder(ctx, store, "session:k")
+			h, err := storeHolder(ctx, store, "session:k")
 			require.NoError(t, err)
 			require.Equal(t, "a", h.Owner)
 			require.Greater(t, h.ExpiresIn, time.Second)
 			require.LessOrEqual(t, h.ExpiresIn, 2*time.Second)
 
-			renewed, err := store.Renew(ctx, "session:k", "a", 300*time.Millisecond)
+			renewed, err := pglock.InternalStore(store).Renew(ctx, "session:k", "a", 300*time.Millisecond)
 			require.NoError(t, err)
 			require.True(t, renewed)
-			_, ok, err = store.Acquire(ctx, "session:k", "b", time.Minute)
+			_, ok, err = pglock.InternalStore(store).Acquire(ctx, "session:k", "b", time.Minute)
 			require.NoError(t, err)
 			require.False(t, ok, "held")
 			awaitExpiry(t, admin, "session:k") // past the renewed expiry
-			renewed, err = store.Renew(ctx, "session:k", "a", time.Minute)
+			renewed, err = pglock.InternalStore(store).Renew(ctx, "session:k", "a", time.Minute)
 			require.NoError(t, err)
 			require.False(t, renewed, "expired")
-			t2, ok, err := store.Acquire(ctx, "session:k", "b", time.Minute)
+			t2, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:k", "b", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok, "taken over after the expiry")
 			require.Greater(t, t2, t1)
-			released, err := store.Release(ctx, "session:k", "b")
+			released, err := pglock.InternalStore(store).Release(ctx, "session:k", "b")
 			require.NoError(t, err)
 			require.True(t, released)
-			t3, ok, err := store.Acquire(ctx, "session:k", "c", time.Minute)
+			t3, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:k", "c", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.Greater(t, t3, t2)
@@ -179,7 +180,7 @@ func TestSessionDefaultIsolationFencedWrites(t *testing.T) {
 			other := pglock.NewPostgresStore(admin)
 			store := pglock.NewPostgresStore(app)
 
-			old, ok, err := store.Acquire(ctx, "session:fence", "old", time.Minute)
+			old, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:fence", "old", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 
@@ -205,10 +206,10 @@ func TestSessionDefaultIsolationFencedWrites(t *testing.T) {
 				return tx
 			}
 			staleHeld, staleColumn := begin(), begin()
-			released, err := store.Release(ctx, "session:fence", "old")
+			released, err := pglock.InternalStore(store).Release(ctx, "session:fence", "old")
 			require.NoError(t, err)
 			require.True(t, released)
-			newer, ok, err := other.Acquire(ctx, "session:fence", "new", time.Minute)
+			newer, ok, err := pglock.InternalStore(other).Acquire(ctx, "session:fence", "new", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			n, err = pglock.ExecFenced(ctx, admin, "UPDATE stock SET n = 100 WHERE id = 1", "token", newer)
@@ -254,7 +255,7 @@ func TestSessionLockTimeoutAndAnOpenFencedTransaction(t *testing.T) {
 	pool := fencedTxDB(t)
 	timeouts := sessionPool(t, pool.Config().ConnString(), 4, map[string]string{"lock_timeout": "20ms", "statement_timeout": "2s"})
 	store := pglock.NewPostgresStore(timeouts)
-	token, ok, err := store.Acquire(ctx, "fenced:a", "owner", time.Minute)
+	token, ok, err := pglock.InternalStore(store).Acquire(ctx, "fenced:a", "owner", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -266,14 +267,14 @@ func TestSessionLockTimeoutAndAnOpenFencedTransaction(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 1, written)
 
-		_, ok, err := store.Acquire(ctx, "fenced:a", "intruder", time.Minute)
+		_, ok, err := pglock.InternalStore(store).Acquire(ctx, "fenced:a", "intruder", time.Minute)
 		require.NoError(t, err, iso)
 		require.False(t, ok, iso)
-		renewed, err := store.Renew(ctx, "fenced:a", "owner", time.Minute)
+		renewed, err := pglock.InternalStore(store).Renew(ctx, "fenced:a", "owner", time.Minute)
 		require.NoError(t, err, iso)
 		require.True(t, renewed, iso)
 		require.NoError(t, tx.Commit(ctx))
-		renewed, err = store.Renew(ctx, "fenced:a", "owner", time.Minute)
+		renewed, err = pglock.InternalStore(store).Renew(ctx, "fenced:a", "owner", time.Minute)
 		require.NoError(t, err, iso)
 		require.True(t, renewed, iso)
 	}
@@ -306,7 +307,7 @@ func TestSessionSettingsRacesFailButNeverLie(t *testing.T) {
 				for i := range 16 {
 					go func() {
 						owner := fmt.Sprintf("owner-%d-%d", round, i)
-						token, ok, err := store.Acquire(ctx, "session:race", owner, time.Minute)
+						token, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:race", owner, time.Minute)
 						results <- result{owner, token, ok, err}
 					}()
 				}
@@ -329,7 +330,7 @@ func TestSessionSettingsRacesFailButNeverLie(t *testing.T) {
 					require.Greater(t, w.token, last)
 					last = w.token
 					for {
-						released, err := store.Release(ctx, "session:race", w.owner)
+						released, err := pglock.InternalStore(store).Release(ctx, "session:race", w.owner)
 						if err == nil {
 							require.True(t, released)
 							break
@@ -358,7 +359,7 @@ func TestSessionSnapshotIsolationPruneRacingReleases(t *testing.T) {
 			pool := sessionPool(t, pglocktest.PostgresURL(t), 8, map[string]string{"default_transaction_isolation": iso})
 			store := pglock.NewPostgresStore(pool)
 			c := newPoolClient(t, pool)
-			live, ok, err := store.Acquire(ctx, "session:live", "keeper", time.Minute)
+			live, ok, err := pglock.InternalStore(store).Acquire(ctx, "session:live", "keeper", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			stop := time.Now().Add(time.Second)
@@ -369,10 +370,10 @@ func TestSessionSnapshotIsolationPruneRacingReleases(t *testing.T) {
 					for i := 0; time.Now().Before(stop); i++ {
 						key := fmt.Sprintf("session:churn:%d", i%8)
 						owner := fmt.Sprintf("o%d", g)
-						if _, ok, err := store.Acquire(ctx, key, owner, time.Minute); err != nil {
+						if _, ok, err := pglock.InternalStore(store).Acquire(ctx, key, owner, time.Minute); err != nil {
 							churnFailed.Add(1)
 						} else if ok {
-							if _, err := store.Release(ctx, key, owner); err != nil {
+							if _, err := pglock.InternalStore(store).Release(ctx, key, owner); err != nil {
 								churnFailed.Add(1)
 							}
 						}
@@ -395,7 +396,7 @@ func TestSessionSnapshotIsolationPruneRacingReleases(t *testing.T) {
 			})
 			wg.Wait()
 			t.Logf("pruned %d rows; prunes failed with 40001: %d; acquire/release failed: %d", pruned.Load(), pruneFailed.Load(), churnFailed.Load())
-			h, err := pglock.StoreHolder(ctx, store, "session:live")
+			h, err := storeHolder(ctx, store, "session:live")
 			require.NoError(t, err)
 			require.Equal(t, live, h.Token, "a live lock is never pruned")
 		})
@@ -417,11 +418,11 @@ func TestSessionSerializableDistinctKeysNeverFail(t *testing.T) {
 		wg.Go(func() {
 			key, owner := fmt.Sprintf("session:distinct:%d", g), fmt.Sprintf("owner-%d", g)
 			for range 40 {
-				if _, ok, err := store.Acquire(ctx, key, owner, time.Minute); err != nil || !ok {
+				if _, ok, err := pglock.InternalStore(store).Acquire(ctx, key, owner, time.Minute); err != nil || !ok {
 					errs <- fmt.Errorf("acquire %s: %v, %v", key, ok, err)
 					return
 				}
-				if ok, err := store.Release(ctx, key, owner); err != nil || !ok {
+				if ok, err := pglock.InternalStore(store).Release(ctx, key, owner); err != nil || !ok {
 					errs <- fmt.Errorf("release %s: %v, %v", key, ok, err)
 					return
 				}

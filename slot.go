@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/go-co-op/gocron/v2"
-	"github.com/robfig/cron/v3"
+
+	"github.com/pgfence/pglock/internal/schedule"
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // Slots: a job that knows its schedule (Cron, Every) claims each scheduled time, its
@@ -24,16 +25,10 @@ const (
 	// minSlotGap is the shortest time between two slots Every takes: each slot is a
 	// durable row and a lock, claimed by every instance's tick.
 	minSlotGap = 100 * time.Millisecond
-	// maxSlotEarly bounds how far ahead of a slot, on the database clock, a tick may
-	// claim it: half the gap to the next slot, a second at most.
-	maxSlotEarly = time.Second
 	// slotKeySuffix and maxSlotDigits make a slot's lock key: "<job>:slot:<ms>", the
 	// slot in milliseconds since the epoch (15 digits up to the year 9999).
 	slotKeySuffix = ":slot:"
 	maxSlotDigits = 15
-	// maxMissedCounted bounds the slots a tick enumerates between the last claimed
-	// and its own: a longer gap counts as this many.
-	maxMissedCounted = 100000
 	// maxAttempts and maxBackoff bound AtLeastOnce; maxCatchUp, CatchUp; maxDeadline,
 	// Deadline.
 	maxAttempts = 100
@@ -55,7 +50,7 @@ func Cron(expr string) JobOption {
 		if s.schedule != nil {
 			return errors.New("a second schedule: give Cron or Every once")
 		}
-		sc, err := parseCron(expr)
+		sc, err := schedule.ParseCron(expr)
 		if err != nil {
 			return err
 		}
@@ -76,7 +71,7 @@ func Every(d time.Duration) JobOption {
 		if d < minSlotGap || d > MaxTTL || d%time.Millisecond != 0 {
 			return fmt.Errorf("%v: want %v to %v in whole milliseconds", d, minSlotGap, MaxTTL)
 		}
-		s.schedule = &schedule{every: d}
+		s.schedule = &schedule.Schedule{Every: d}
 		return nil
 	}}
 }
@@ -155,103 +150,12 @@ type slotRun struct {
 	attempt int
 }
 
-// schedule is a job's schedule: a cron expression, or an interval aligned to the epoch.
-type schedule struct {
-	expr  string        // the cron expression as gocron gets it, its zone first; "" for Every
-	cron  cron.Schedule // nil for Every
-	every time.Duration
-}
-
-// cronParser parses as gocron.CronJob(expr, true) does, so that both name the same times.
-var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
-
-func parseCron(expr string) (*schedule, error) {
-	zoned := strings.TrimSpace(expr)
-	if !strings.HasPrefix(zoned, "TZ=") && !strings.HasPrefix(zoned, "CRON_TZ=") {
-		zoned = "CRON_TZ=UTC " + zoned
+// definition is the gocron job definition of s.
+func definition(s *schedule.Schedule) gocron.JobDefinition {
+	if s.IsCron() {
+		return gocron.CronJob(s.Expr, true)
 	}
-	if strings.Contains(expr, "@every") {
-		return nil, fmt.Errorf("%q: @every counts from a start of its own, not slots every instance names: use Every", expr)
-	}
-	sc, err := cronParser.Parse(zoned)
-	if err != nil {
-		return nil, fmt.Errorf("%q: %v", expr, err)
-	}
-	if sc.Next(time.Now()).IsZero() {
-		return nil, fmt.Errorf("%q: it names no time to come", expr)
-	}
-	return &schedule{expr: zoned, cron: sc}, nil
-}
-
-// definition is the gocron job definition of the schedule.
-func (s *schedule) definition() gocron.JobDefinition {
-	if s.cron != nil {
-		return gocron.CronJob(s.expr, true)
-	}
-	return gocron.DurationJob(s.every)
-}
-
-// next returns the schedule's first slot after t, or the zero time when none.
-func (s *schedule) next(t time.Time) time.Time {
-	if s.cron != nil {
-		return s.cron.Next(t)
-	}
-	return s.prev(t).Add(s.every)
-}
-
-// prev returns the schedule's last slot at or before t, or the zero time when none.
-func (s *schedule) prev(t time.Time) time.Time {
-	if s.cron == nil {
-		ms, every := t.UnixMilli(), s.every.Milliseconds()
-		return time.UnixMilli(ms - ms%every)
-	}
-	for back := time.Minute; back <= 20*365*24*time.Hour; back *= 2 {
-		x := s.cron.Next(t.Add(-back))
-		if x.IsZero() {
-			return x
-		}
-		if x.After(t) {
-			continue
-		}
-		for {
-			n := s.cron.Next(x)
-			if n.IsZero() || n.After(t) {
-				return x
-			}
-			x = n
-		}
-	}
-	return time.Time{}
-}
-
-// early is how far ahead of slot, whose next slot is next, a tick may claim it.
-func early(slot, next time.Time) time.Duration {
-	return min(next.Sub(slot)/2, maxSlotEarly)
-}
-
-// current returns the slot a tick at now stands for, and the one after it: the last
-// slot at or before now plus its early tolerance. job_slot_claim checks the same on
-// the database clock.
-func (s *schedule) current(now time.Time) (slot, next time.Time) {
-	slot = s.prev(now.Add(maxSlotEarly))
-	for !slot.IsZero() {
-		next = s.next(slot)
-		if !slot.After(now.Add(early(slot, next))) {
-			return slot, next
-		}
-		slot = s.prev(slot.Add(-time.Millisecond))
-	}
-	return time.Time{}, time.Time{}
-}
-
-// between returns the schedule's slots after from and before to, oldest first, at
-// most maxMissedCounted.
-func (s *schedule) between(from, to time.Time) []time.Time {
-	var out []time.Time
-	for t := s.next(from); !t.IsZero() && t.Before(to) && len(out) < maxMissedCounted; t = s.next(t) {
-		out = append(out, t)
-	}
-	return out
+	return gocron.DurationJob(s.Every)
 }
 
 // slotKey is the key of the lock of job's slot.
@@ -271,8 +175,8 @@ func checkSlotJobKey(key string) error {
 // slotted is the slots' side of a Job with a schedule.
 type slotted struct {
 	j        *Job
-	store    slotStore
-	sched    *schedule
+	store    store.Slots
+	sched    *schedule.Schedule
 	catchUp  int
 	deadline time.Duration
 	attempts int // 1: at most once
@@ -307,10 +211,20 @@ func checkSlotted(c *Client, key string, cfg settings) error {
 		return err
 	}
 	if c.slotStore() == nil {
-		return fmt.Errorf("pglock: Job %q: slots (Cron, Every) need a store of New, NewPostgresStore or NewSQLStore, not %T: %w",
-			key, unwatched(c.store), errors.ErrUnsupported)
+		return fmt.Errorf("pglock: Job %q: slots (Cron, Every) need a store of New, NewPostgresStore or NewSQLStore, not NewMemoryStore: %w",
+			key, errors.ErrUnsupported)
 	}
 	return nil
+}
+
+// slotStore returns the client's store as a store.Slots, its calls observed for Health,
+// or nil when the store keeps no slots.
+func (c *Client) slotStore() store.Slots {
+	s, ok := store.Unobserved(c.store).(store.Slots)
+	if !ok {
+		return nil
+	}
+	return store.ObserveSlots(s, c.health.calls)
 }
 
 // dbNow is this process's guess of the database's clock.
@@ -329,8 +243,8 @@ func (s *slotted) learn(dbNow, sent time.Time) {
 // when there is one).
 func (s *slotted) tick(ctx context.Context) error {
 	j := s.j
-	slot, next := s.sched.current(s.dbNow())
-	var r slotClaimReply
+	slot, next := s.sched.Current(s.dbNow())
+	var r store.SlotClaimReply
 	var l *Lock
 	for try := 0; ; try++ {
 		if slot.IsZero() {
@@ -342,30 +256,30 @@ func (s *slotted) tick(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.learn(r.now, sent)
-		if r.status != claimMoved {
+		s.learn(r.Now, sent)
+		if r.Status != store.ClaimMoved {
 			break
 		}
 		if try == 1 {
 			return fmt.Errorf("pglock: job %q: the database's clock (%v) and this process's name different slots: %v is not the slot to claim",
-				j.key, r.now.UTC(), slot.UTC())
+				j.key, r.Now.UTC(), slot.UTC())
 		}
-		slot, next = s.sched.current(s.dbNow())
+		slot, next = s.sched.Current(s.dbNow())
 	}
-	switch r.status {
-	case claimTaken:
+	switch r.Status {
+	case store.ClaimTaken:
 		j.c.skippedSlot(j.key, SkipSlotClaimed, slot, 1)
 		s.watchDue(r)
 		return nil
-	case claimLate:
+	case store.ClaimLate:
 		j.c.skippedSlot(j.key, SkipSlotMissed, slot, 1)
 	}
 	var catchUp []time.Time
-	if !r.prior.IsZero() {
-		missed := s.sched.between(r.prior, slot)
+	if !r.Prior.IsZero() {
+		missed := s.sched.Between(r.Prior, slot)
 		for len(missed) > 0 && len(catchUp) < s.catchUp {
 			m := missed[len(missed)-1]
-			if s.deadline > 0 && r.now.Sub(m) > s.deadline {
+			if s.deadline > 0 && r.Now.Sub(m) > s.deadline {
 				break
 			}
 			missed, catchUp = missed[:len(missed)-1], append(catchUp, m)
@@ -381,11 +295,11 @@ func (s *slotted) tick(ctx context.Context) error {
 		switch {
 		case err != nil:
 			errs = append(errs, err)
-		case mr.status == claimClaimed:
+		case mr.Status == store.ClaimClaimed:
 			errs = append(errs, s.run(ctx, m, ml, 1))
-		case mr.status == claimLate:
+		case mr.Status == store.ClaimLate:
 			j.c.skippedSlot(j.key, SkipSlotMissed, m, 1)
-		case mr.status == claimTaken:
+		case mr.Status == store.ClaimTaken:
 			j.c.skippedSlot(j.key, SkipSlotClaimed, m, 1)
 		}
 	}
@@ -398,38 +312,38 @@ func (s *slotted) tick(ctx context.Context) error {
 // claim claims slot (next zero: a missed slot) for a new owner, as an acquisition
 // does: on a call detached from ctx, whose grant is handed back if ctx ends first.
 // It returns the store's reply, and the slot's lock when it claimed it.
-func (s *slotted) claim(ctx context.Context, slot, next time.Time) (slotClaimReply, *Lock, error) {
+func (s *slotted) claim(ctx context.Context, slot, next time.Time) (store.SlotClaimReply, *Lock, error) {
 	j := s.j
-	a := slotClaimArgs{job: j.key, slot: slot, next: next, ttl: j.ttl, attempts: s.attempts, deadline: s.deadline}
-	return s.take(ctx, slot, func(ctx context.Context, owner string) (slotClaimReply, error) {
-		a.owner = owner
-		return s.store.slotClaim(ctx, a)
+	a := store.SlotClaimArgs{Job: j.key, Slot: slot, Next: next, TTL: j.ttl, Attempts: s.attempts, Deadline: s.deadline}
+	return s.take(ctx, slot, func(ctx context.Context, owner string) (store.SlotClaimReply, error) {
+		a.Owner = owner
+		return s.store.SlotClaim(ctx, a)
 	})
 }
 
 // take makes a claim of slot's lock (it took it when the reply's token is positive) as
 // tryFrom makes an acquisition: detached from ctx, its grant handed back when ctx ends
 // first or the reply came too late.
-func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx context.Context, owner string) (slotClaimReply, error)) (slotClaimReply, *Lock, error) {
+func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx context.Context, owner string) (store.SlotClaimReply, error)) (store.SlotClaimReply, *Lock, error) {
 	c, key := s.j.c, slotKey(s.j.key, slot)
 	if c.isClosed() {
-		return slotClaimReply{}, nil, ErrClosed
+		return store.SlotClaimReply{}, nil, ErrClosed
 	}
 	if ctx.Err() != nil {
-		return slotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+		return store.SlotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	}
 	t, owner := target{key: key}, c.newOwner()
 	start := c.clock.Now()
-	mark := &sendMark{now: c.clock.Now, sent: start}
-	var reply slotClaimReply
+	mark := &store.SendMark{Now: c.clock.Now, Sent: start}
+	var reply store.SlotClaimReply
 	ar, abandoned := c.acquireCall(ctx, t, owner, s.j.ttl, mark, func(ctx context.Context) acquireReply {
 		r, err := call(ctx, owner)
 		reply = r
-		return acquireReply{token: r.token, ok: err == nil && r.token > 0, err: err}
+		return acquireReply{token: r.Token, ok: err == nil && r.Token > 0, err: err}
 	})
 	switch {
 	case abandoned: // the call goes on, and writes reply: read it no more
-		return slotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
+		return store.SlotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	case ar.err != nil:
 		if mayHaveReached(ar.err) {
 			c.undoAcquire(key, owner, s.j.ttl)
@@ -438,7 +352,7 @@ func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx contex
 	case !ar.ok:
 		return reply, nil, nil
 	}
-	l, err := c.newLock(t, 0, owner, s.j.ttl, ar.token, start, mark.sent)
+	l, err := c.newLock(t, 0, owner, s.j.ttl, ar.token, start, mark.Sent)
 	if err != nil {
 		return reply, nil, err
 	}
@@ -482,7 +396,7 @@ func (s *slotted) end(l *Lock, slot time.Time, attempt int, outcome string) erro
 	err := l.releaseVia(context.Background(), func(ctx context.Context, key, owner string) (bool, bool, error) {
 		ctx, cancel := detached(ctx)
 		defer cancel()
-		ok, err := s.store.slotEnd(ctx, j.key, slot, owner, l.token, outcome, s.backoff)
+		ok, err := s.store.SlotEnd(ctx, j.key, slot, owner, l.token, outcome, s.backoff)
 		return ok, false, err
 	})
 	if outcome != string(OutcomeOK) && attempt < s.attempts {
@@ -542,7 +456,7 @@ func (s *slotted) retry(ctx context.Context) error {
 			return err
 		}
 		if l == nil {
-			s.watchDue(r.slotClaimReply)
+			s.watchDue(r.SlotClaimReply)
 			return nil
 		}
 		if err := s.run(ctx, r.slot, l, r.attempt); err != nil {
@@ -554,7 +468,7 @@ func (s *slotted) retry(ctx context.Context) error {
 
 // retryReply is a retry's claim: the slot and attempt it claimed, if any.
 type retryReply struct {
-	slotClaimReply
+	store.SlotClaimReply
 	slot    time.Time
 	attempt int
 }
@@ -571,27 +485,27 @@ func (s *slotted) claimRetry(ctx context.Context) (retryReply, *Lock, error) {
 	}
 	owner := c.newOwner()
 	start := c.clock.Now()
-	mark := &sendMark{now: c.clock.Now, sent: start}
-	rctx, cancel := context.WithTimeout(withSendMark(context.WithoutCancel(ctx), mark), storeTimeout)
+	mark := &store.SendMark{Now: c.clock.Now, Sent: start}
+	rctx, cancel := context.WithTimeout(store.WithSendMark(context.WithoutCancel(ctx), mark), store.Timeout)
 	defer cancel()
 	sent := time.Now()
-	rr, err := s.store.slotRetry(rctx, j.key, owner, j.ttl)
+	rr, err := s.store.SlotRetry(rctx, j.key, owner, j.ttl)
 	if err != nil {
 		return retryReply{}, nil, err
 	}
-	s.learn(rr.now, sent)
-	r := retryReply{slotClaimReply: slotClaimReply{now: rr.now, due: rr.due}, slot: rr.slot, attempt: rr.attempt}
-	if !rr.ok {
+	s.learn(rr.Now, sent)
+	r := retryReply{SlotClaimReply: store.SlotClaimReply{Now: rr.Now, Due: rr.Due}, slot: rr.Slot, attempt: rr.Attempt}
+	if !rr.OK {
 		return r, nil, nil
 	}
-	l, err := c.newLock(target{key: slotKey(j.key, rr.slot)}, 0, owner, j.ttl, rr.token, start, mark.sent)
+	l, err := c.newLock(target{key: slotKey(j.key, rr.Slot)}, 0, owner, j.ttl, rr.Token, start, mark.Sent)
 	return r, l, err
 }
 
 // watchDue arranges a look at the time r says an attempt may next be due, if any.
-func (s *slotted) watchDue(r slotClaimReply) {
-	if !r.due.IsZero() {
-		s.watch(r.due.Sub(r.now))
+func (s *slotted) watchDue(r store.SlotClaimReply) {
+	if !r.Due.IsZero() {
+		s.watch(r.Due.Sub(r.Now))
 	}
 }
 

@@ -119,15 +119,15 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 	direct := pglocktest.Pool(t, url, 4)
 	for _, tc := range []struct {
 		name  string
-		store func(t *testing.T) (store pglock.Store, ready func() bool, reconnects func() int64)
+		store func(t *testing.T) (store *pglock.Store, ready func() bool, reconnects func() int64)
 	}{
-		{"on a *pgx.Conn", func(t *testing.T) (pglock.Store, func() bool, func() int64) {
+		{"on a *pgx.Conn", func(t *testing.T) (*pglock.Store, func() bool, func() int64) {
 			conn, err := pgx.Connect(t.Context(), url+params)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = conn.Close(context.Background()) })
 			return pglock.NewPostgresStore(conn), func() bool { return conn.PgConn().TxStatus() == 'I' }, func() int64 { return 0 }
 		}},
-		{"on a pool of one connection", func(t *testing.T) (pglock.Store, func() bool, func() int64) {
+		{"on a pool of one connection", func(t *testing.T) (*pglock.Store, func() bool, func() int64) {
 			cfg, err := pgxpool.ParseConfig(url + params)
 			require.NoError(t, err)
 			cfg.MaxConns = 1
@@ -141,7 +141,7 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 			ctx := t.Context()
 			store, ready, reconnects := tc.store(t)
 			key := "retry:fails:" + tc.name
-			_, ok, err := store.Acquire(ctx, key, "holder", time.Minute)
+			_, ok, err := pglock.InternalStore(store).Acquire(ctx, key, "holder", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			opened := reconnects()
@@ -172,7 +172,7 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 			require.Eventually(t, waiting(1), 4*time.Second, 2*time.Millisecond)
 			renewed := make(chan error, 1)
 			go func() {
-				_, err := store.Renew(ctx, key, "holder", time.Minute)
+				_, err := pglock.InternalStore(store).Renew(ctx, key, "holder", time.Minute)
 				renewed <- err
 			}()
 			require.Eventually(t, waiting(2), lockTimeout/2, 2*time.Millisecond, "within the store's lock_timeout")
@@ -199,7 +199,7 @@ func TestStoreRetryThatFailsLeavesTheConnectionReady(t *testing.T) {
 			require.NoError(t, next.Rollback(ctx))
 
 			require.True(t, ready(), "the connection is left in a transaction")
-			ok, err = store.Renew(ctx, key, "holder", time.Minute)
+			ok, err = pglock.InternalStore(store).Renew(ctx, key, "holder", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.Equal(t, opened, reconnects(), "the pool's connection was destroyed")
@@ -223,7 +223,7 @@ func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
 	require.NoError(t, bouncerPool(t, bouncerURL, 1).QueryRow(ctx, "SHOW transaction_isolation").Scan(&iso))
 	require.Equal(t, "repeatable read", iso)
 	for i := range 3 {
-		_, ok, err := store.Acquire(ctx, "bouncer:retry", "holder", time.Minute)
+		_, ok, err := pglock.InternalStore(store).Acquire(ctx, "bouncer:retry", "holder", time.Minute)
 		require.NoError(t, err)
 		require.Equal(t, i == 0, ok)
 
@@ -233,7 +233,7 @@ func TestPgBouncerRetryOfARolledBackStatement(t *testing.T) {
 		require.NoError(t, err)
 		renewed := make(chan error, 1)
 		go func() {
-			ok, err := store.Renew(ctx, "bouncer:retry", "holder", time.Minute)
+			ok, err := pglock.InternalStore(store).Renew(ctx, "bouncer:retry", "holder", time.Minute)
 			if err == nil && !ok {
 				err = errors.New("not renewed")
 			}
@@ -265,26 +265,26 @@ func TestStoreRetriesEveryWriteRolledBackBy40001(t *testing.T) {
 		free  bool // whether the key is free after the write
 	}{
 		{"Renew", func(ctx context.Context, key string) error {
-			ok, err := store.Renew(ctx, key, "holder", time.Minute)
+			ok, err := pglock.InternalStore(store).Renew(ctx, key, "holder", time.Minute)
 			return want(ok, err, "renewed")
 		}, false},
 		{"Release", func(ctx context.Context, key string) error {
-			ok, err := store.Release(ctx, key, "holder")
+			ok, err := pglock.InternalStore(store).Release(ctx, key, "holder")
 			return want(ok, err, "released")
 		}, true},
 		{"RenewMany", func(ctx context.Context, key string) error {
-			renewed, err := pglock.StoreRenewMany(ctx, store, []string{key}, []string{"holder"}, time.Minute)
+			renewed, err := storeRenewMany(ctx, store, []string{key}, []string{"holder"}, time.Minute)
 			return want(slices.Equal(renewed, []string{key}), err, "renewed")
 		}, false},
 		{"ReleaseMany", func(ctx context.Context, key string) error {
-			released, err := pglock.StoreReleaseMany(ctx, store, []string{"retry:never", key}, []string{"holder", "holder"})
+			released, err := storeReleaseMany(ctx, store, []string{"retry:never", key}, []string{"holder", "holder"})
 			return want(slices.Equal(released, []int{1}), err, "released")
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
 			key := "retry:write:" + tc.name
-			_, ok, err := store.Acquire(ctx, key, "holder", time.Minute)
+			_, ok, err := pglock.InternalStore(store).Acquire(ctx, key, "holder", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 
@@ -305,7 +305,7 @@ func TestStoreRetriesEveryWriteRolledBackBy40001(t *testing.T) {
 			}, 10*time.Second, 2*time.Millisecond, "the write never waited for the renewal's row lock")
 			require.NoError(t, renewal.Commit(ctx))
 			require.NoError(t, receive(t, wrote), "the write that met 40001, sent again")
-			_, ok, err = store.Acquire(ctx, key, "other", time.Minute)
+			_, ok, err = pglock.InternalStore(store).Acquire(ctx, key, "other", time.Minute)
 			require.NoError(t, err)
 			require.Equal(t, tc.free, ok, "free after the write")
 		})

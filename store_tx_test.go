@@ -23,10 +23,10 @@ func TestStoreReleaseInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) 
 	pool := pglocktest.Postgres(t)
 	for _, tc := range []struct {
 		name  string
-		store func(tx pgx.Tx) pglock.Store
+		store func(tx pgx.Tx) *pglock.Store
 	}{
-		{"on the pgx.Tx", func(tx pgx.Tx) pglock.Store { return pglock.NewPostgresStore(tx) }},
-		{"on the *pgx.Conn inside its transaction", func(tx pgx.Tx) pglock.Store { return pglock.NewPostgresStore(tx.Conn()) }},
+		{"on the pgx.Tx", func(tx pgx.Tx) *pglock.Store { return pglock.NewPostgresStore(tx) }},
+		{"on the *pgx.Conn inside its transaction", func(tx pgx.Tx) *pglock.Store { return pglock.NewPostgresStore(tx.Conn()) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -38,12 +38,12 @@ func TestStoreReleaseInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) 
 			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 			store := tc.store(tx)
 
-			_, ok, err := store.Acquire(ctx, "tx:"+tc.name, "me", time.Minute)
+			_, ok, err := pglock.InternalStore(store).Acquire(ctx, "tx:"+tc.name, "me", time.Minute)
 			require.NoError(t, err)
 			require.True(t, ok)
 			var before, after string
 			require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&before))
-			released, err := store.Release(ctx, "tx:"+tc.name, "me")
+			released, err := pglock.InternalStore(store).Release(ctx, "tx:"+tc.name, "me")
 			require.NoError(t, err)
 			require.True(t, released)
 			require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
@@ -52,14 +52,14 @@ func TestStoreReleaseInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) 
 
 			// Outside a transaction the release is a statement of its own, asynchronous,
 			// and leaves the connection's setting alone.
-			_, ok, err = store.Acquire(ctx, "tx:after:"+tc.name, "me", time.Minute)
+			_, ok, err = pglock.InternalStore(store).Acquire(ctx, "tx:after:"+tc.name, "me", time.Minute)
 			if tc.name == "on the pgx.Tx" {
 				require.Error(t, err, "the transaction is over")
 				return
 			}
 			require.NoError(t, err)
 			require.True(t, ok)
-			released, err = store.Release(ctx, "tx:after:"+tc.name, "me")
+			released, err = pglock.InternalStore(store).Release(ctx, "tx:after:"+tc.name, "me")
 			require.NoError(t, err)
 			require.True(t, released)
 			require.NoError(t, conn.QueryRow(ctx, "SHOW synchronous_commit").Scan(&after))
@@ -82,7 +82,7 @@ func TestFairOnAStoreInTheCallersTransactionIsUnsupported(t *testing.T) {
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	for name, store := range map[string]pglock.Store{"pgx.Tx": pglock.NewPostgresStore(tx), "*pgx.Conn": pglock.NewPostgresStore(tx.Conn())} {
+	for name, store := range map[string]*pglock.Store{"pgx.Tx": pglock.NewPostgresStore(tx), "*pgx.Conn": pglock.NewPostgresStore(tx.Conn())} {
 		c := newClient(t, store, quiet)
 		_, err = c.Acquire(ctx, "fair:tx", pglock.Fair())
 		require.ErrorIs(t, err, errors.ErrUnsupported, name)

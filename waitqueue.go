@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/pgfence/pglock/internal/store"
 )
 
 // The wait queue: how a Client's callers that wait for one key (Acquire calls and
@@ -64,7 +66,7 @@ type waiter struct {
 
 func (l *listener) waiter(t target) *waiter {
 	if t.permits > 0 {
-		return &waiter{l: l, key: t.key + permitSeparator, sem: t.key, permits: t.permits}
+		return &waiter{l: l, key: t.key + store.PermitSeparator, sem: t.key, permits: t.permits}
 	}
 	return &waiter{l: l, key: t.key}
 }
@@ -85,9 +87,9 @@ func (w *waiter) want(ctx context.Context) bool {
 	var wanted bool
 	var err error
 	if w.permits > 0 {
-		wanted, err = w.l.marker.semWant(ctx, w.sem, w.permits)
+		wanted, err = w.l.marker.SemWant(ctx, w.sem, w.permits)
 	} else {
-		wanted, err = w.l.marker.markWanted(ctx, w.key)
+		wanted, err = w.l.marker.MarkWanted(ctx, w.key)
 	}
 	if wanted {
 		w.marked(wakes)
@@ -96,10 +98,10 @@ func (w *waiter) want(ctx context.Context) bool {
 }
 
 // marking reports whether the waiter's next attempt should mark the key when it finds
-// it held (wantMarker.acquireOrWant): once it is subscribed, while the listener
+// it held (store.Wanter's AcquireOrWant): once it is subscribed, while the listener
 // listens. It returns the marker and the wakes to pass to marked. A nil waiter never
 // marks, nor does a waiter for a permit: it marks with want, after its attempt.
-func (w *waiter) marking() (wantMarker, uint64, bool) {
+func (w *waiter) marking() (store.Wanter, uint64, bool) {
 	if w == nil || w.ch == nil || w.permits > 0 || !w.l.listening() {
 		return nil, 0, false
 	}
@@ -216,8 +218,8 @@ func (l *listener) wakeAll() {
 // released wakes the first in line of the waiters of a key whose release was
 // notified; for a permit's row key, of its semaphore. Called with mu held.
 func (l *listener) released(key string) {
-	if sem, permit := splitPermitKey(key); permit > 0 {
-		key = sem + permitSeparator
+	if sem, permit := store.SplitPermitKey(key); permit > 0 {
+		key = sem + store.PermitSeparator
 	}
 	queue := l.waiters[key]
 	if len(queue) == 0 {

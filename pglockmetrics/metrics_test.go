@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -29,20 +30,37 @@ func TestMain(m *testing.M) {
 
 var discard = slog.New(slog.DiscardHandler)
 
-// failingStore fails every renewal while failing is set.
-type failingStore struct {
-	pglock.Store
+// failingQueryer fails every renewal statement (lock_renew, lock_renew_many) of the
+// store on it while failing is set.
+type failingQueryer struct {
+	pglock.Queryer
 	failing atomic.Bool
 }
 
 var errDown = errors.New("store down")
 
-func (s *failingStore) Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error) {
-	if s.failing.Load() {
-		return false, errDown
-	}
-	return s.Store.Renew(ctx, key, owner, ttl)
+func (q *failingQueryer) renewal(sql string) bool {
+	return q.failing.Load() && strings.Contains(sql, "pglock.lock_renew")
 }
+
+func (q *failingQueryer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if q.renewal(sql) {
+		return errRow{}
+	}
+	return q.Queryer.QueryRow(ctx, sql, args...)
+}
+
+func (q *failingQueryer) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if q.renewal(sql) {
+		return nil, errDown
+	}
+	return q.Queryer.Query(ctx, sql, args...)
+}
+
+// errRow is a row whose Scan fails with errDown.
+type errRow struct{}
+
+func (errRow) Scan(...any) error { return errDown }
 
 // events counts a client's events, to check the metrics against.
 type events struct {
@@ -93,8 +111,8 @@ func TestMetricsRecordWhatTheClientsDo(t *testing.T) {
 	var seen events
 	// a is a paused instance: its clock moves only when the test says so.
 	clock := pglocktest.NewManualClock(time.Now())
-	store := &failingStore{Store: pglock.NewPostgresStore(pool)}
-	a, err := pglock.NewWithStore(store, quiet, pglock.TTL(time.Second), pglock.WithClock(clock),
+	store := &failingQueryer{Queryer: pool}
+	a, err := pglock.NewWithStore(pglock.NewPostgresStore(store), quiet, pglock.TTL(time.Second), pglock.WithClock(clock),
 		pglock.WithEventHandler(m.Handle), pglock.WithEventHandler(seen.add))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = a.Close(context.Background()) })

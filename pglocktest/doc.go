@@ -33,6 +33,6 @@
 //
 // A test that needs no PostgreSQL gives its client pglock.NewMemoryStore on a
 // ManualClock: pglock.NewWithStore(pglock.NewMemoryStore(clock), pglock.WithClock(clock)).
-// pglock.Store is closed (its doc says why), so this package has no contract suite for
+// pglock.Store is opaque (its doc says why), so this package has no contract suite for
 // stores: pglock runs its own on the stores it has.
 package pglocktest

@@ -1,4 +1,4 @@
-package pglock
+package store_test
 
 import (
 	"context"
@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/store"
+	"github.com/pgfence/pglock/pglocktest"
 )
 
 // A waiter's attempt on a store built on the caller's transaction (acquireOrWant, the
@@ -15,10 +18,10 @@ import (
 // before, and the mark is made (the release will notify).
 func TestStoreMarkInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) {
 	t.Parallel()
-	pool := fenceTestDB(t)
+	pool := pglocktest.Postgres(t)
 	ctx := t.Context()
 	key := "tx-mark/" + t.Name()
-	holder := NewPostgresStore(pool)
+	holder := store.NewPostgres(pool)
 	_, ok, err := holder.Acquire(ctx, key, "holder", time.Minute)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -26,11 +29,11 @@ func TestStoreMarkInTheCallersTransactionKeepsItsCommitDurable(t *testing.T) {
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	marker, ok := NewPostgresStore(tx).(wantMarker)
+	marker, ok := store.NewPostgres(tx).(store.Wanter)
 	require.True(t, ok, "the PostgreSQL store marks keys")
 	var before, after string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&before))
-	_, acquired, wanted, err := marker.acquireOrWant(ctx, key, "waiter", time.Minute)
+	_, acquired, wanted, err := marker.AcquireOrWant(ctx, key, "waiter", time.Minute)
 	require.NoError(t, err)
 	require.False(t, acquired, "the key is held")
 	require.True(t, wanted, "the held key is marked")

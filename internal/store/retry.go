@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"context"
@@ -32,10 +32,12 @@ const rolledBackTries = 4
 // rolledBack reports whether err is such a failure (pgx's *pgconn.PgError and lib/pq's
 // *pq.Error both tell their SQLSTATE).
 func rolledBack(err error) bool {
-	return sqlState(err) == "40001" || sqlState(err) == "40P01"
+	return SQLState(err) == "40001" || SQLState(err) == "40P01"
 }
 
-func sqlState(err error) string {
+// SQLState returns err's SQLSTATE (pgx's *pgconn.PgError and lib/pq's *pq.Error both
+// tell it), or "".
+func SQLState(err error) string {
 	var pgErr interface{ SQLState() string }
 	if errors.As(err, &pgErr) {
 		return pgErr.SQLState()
@@ -74,7 +76,7 @@ func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, ca
 		if errors.Is(again, errors.ErrUnsupported) {
 			again = call(plain)
 		}
-		if sqlState(again) == "25P02" {
+		if SQLState(again) == "25P02" {
 			return err
 		}
 		err = again

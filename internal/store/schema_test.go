@@ -1,4 +1,4 @@
-package pglock_test
+package store_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -34,29 +34,29 @@ func TestStoreWithoutSchema(t *testing.T) {
 			db := stdlib.OpenDBFromPool(pool)
 			t.Cleanup(func() { require.NoError(t, db.Close()) })
 
-			for name, store := range map[string]pglock.Store{"pgx": pglock.NewPostgresStore(pool), "database/sql": pglock.NewSQLStore(db)} {
+			for name, s := range map[string]store.Store{"pgx": store.NewPostgres(pool), "database/sql": store.NewSQL(db)} {
 				calls := []struct {
 					op   string
 					call func(context.Context) error
 				}{
 					{`acquire "k"`, func(ctx context.Context) error {
-						_, _, err := store.Acquire(ctx, "k", "o", time.Minute)
+						_, _, err := s.Acquire(ctx, "k", "o", time.Minute)
 						return err
 					}},
 					{`renew "k"`, func(ctx context.Context) error {
-						_, err := store.Renew(ctx, "k", "o", time.Minute)
+						_, err := s.Renew(ctx, "k", "o", time.Minute)
 						return err
 					}},
 					{`release "k"`, func(ctx context.Context) error {
-						_, err := store.Release(ctx, "k", "o")
+						_, err := s.Release(ctx, "k", "o")
 						return err
 					}},
 					{"renew 1 locks", func(ctx context.Context) error {
-						_, err := pglock.StoreRenewMany(ctx, store, []string{"k"}, []string{"o"}, time.Minute)
+						_, err := s.RenewMany(ctx, []string{"k"}, []string{"o"}, time.Minute)
 						return err
 					}},
 					{`read the holder of "k"`, func(ctx context.Context) error {
-						_, err := pglock.StoreHolder(ctx, store, "k")
+						_, err := s.Holder(ctx, "k")
 						return err
 					}},
 				}

@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"context"
@@ -17,23 +17,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Queryer is what the PostgreSQL store needs of pgx: *pgxpool.Pool and *pgx.Conn have it.
-// A pgx.Tx has it too, but a lock taken inside a transaction is rolled back with it. A
-// Queryer that wraps pgx must pass its arguments on as they are (see the package
-// doc, # PgBouncer, query modes and retries).
+// Queryer is what the PostgreSQL store needs of pgx: pglock.Queryer, whose doc says
+// more.
 type Queryer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// NewPostgresStore returns a Store on the pglock schema (see Migrate), through pgx: every
-// feature of a Client works on it, behind PgBouncer in transaction mode too, whatever the
-// pool's DefaultQueryExecMode. On a database without the schema, or with one older than
-// this library, every call fails with an error that says to run Migrate and wraps the
-// server's *pgconn.PgError. With a nil db, every call fails with an error wrapping
-// ErrInvalidArgument, and NewWithStore refuses the store. See the package
-// doc, # PgBouncer, query modes and retries and # Renewals and releases.
-func NewPostgresStore(db Queryer) Store {
+// NewPostgres returns a store on the pglock schema through pgx: pglock.NewPostgresStore's,
+// whose doc says what it does. With a nil db, every call fails with an error wrapping
+// ErrInvalidArgument, which Invalid returns.
+func NewPostgres(db Queryer) Store {
 	if db == nil || reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil() {
 		return invalidStore(invalidArg("NewPostgresStore: nil db"))
 	}
@@ -46,20 +40,20 @@ func pgxStore(calls *pgxCalls) *postgresStore {
 	return s
 }
 
-// renewalConns is how many connections a Client's own pool for renewals opens and keeps:
+// RenewalConns is how many connections a Client's own pool for renewals opens and keeps:
 // the renewer makes one call per ttl group, side by side, and a hand-back may be in
 // flight; a second connection keeps another group going while one call waits (on a row
 // lock, on a link gone silent). Both are kept open: with one, two groups due together
 // made the second wait for a connection to start, over a second on a loaded machine, long
 // enough to lose a short lock.
-const renewalConns = 2
+const RenewalConns = 2
 
-// renewals is the way a Client's renewer reaches the store. On the pgx store on a
+// Renewals is the way a Client's renewer reaches the store. On the pgx store on a
 // *pgxpool.Pool, a renewal never waits for a connection behind the application's own use
 // of that pool (a burst of requests, a slow report, a database that slowed down), where
 // every lock of the client would be lost at once: it takes an idle connection of the
 // pool at once if there is one (a backend that knows pglock's functions already), and
-// otherwise goes through a pool of the client's own, of up to renewalConns connections,
+// otherwise goes through a pool of the client's own, of up to RenewalConns connections,
 // made from a copy of the pool's configuration (its hooks, its tracer, PgBouncer or not)
 // soon after the client first holds a lock (warmSoon: half-way to its first renewal). The
 // own pool opens its connections then, in the background, and keeps them: a renewal waits
@@ -67,7 +61,7 @@ const renewalConns = 2
 // out of connections, starts new ones slowly or not at all). A call that finds the
 // application's pool busy before then makes it at once. Any other store is the
 // renewer's as it is.
-type renewals struct {
+type Renewals struct {
 	shared *postgresStore
 	pool   *pgxpool.Pool   // shared's
 	cfg    *pgxpool.Config // the own pool's; nil: renewals go through the store as it is
@@ -79,33 +73,30 @@ type renewals struct {
 	closed bool
 }
 
-func newRenewals(store Store) *renewals {
-	p, ok := store.(interface{ postgres() *postgresStore })
-	if !ok {
-		return &renewals{}
-	}
-	s := p.postgres()
-	if s.pgx == nil {
-		return &renewals{}
+// NewRenewals returns the renewals of a Client on store.
+func NewRenewals(store Store) *Renewals {
+	s := postgresOf(store)
+	if s == nil || s.pgx == nil {
+		return &Renewals{}
 	}
 	pool, ok := s.pgx.db.(*pgxpool.Pool)
 	if !ok {
-		return &renewals{}
+		return &Renewals{}
 	}
 	cfg := pool.Config()
-	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = renewalConns, renewalConns, 0
-	return &renewals{shared: s, pool: pool, cfg: cfg}
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = RenewalConns, RenewalConns, 0
+	return &Renewals{shared: s, pool: pool, cfg: cfg}
 }
 
-// active reports whether r has a pool to make: else renewals go through the store.
-func (r *renewals) active() bool { return r.cfg != nil }
+// Active reports whether r has a pool to make: else renewals go through the store.
+func (r *Renewals) Active() bool { return r.cfg != nil }
 
-// warmSoon makes the own pool (warm) after ownPoolDelay(ttl), unless it is made or on its
+// WarmSoon makes the own pool (warm) after ownPoolDelay(ttl), unless it is made or on its
 // way: a client's first lock often comes in a burst of its own start (a deploy of many
 // instances, a crowd of new clients on one key), where two more connections per client to
 // start would slow every statement of the burst on the server (BENCHMARKS.md: own
 // connections opened half-way to the first renewal).
-func (r *renewals) warmSoon(ttl time.Duration) {
+func (r *Renewals) WarmSoon(ttl time.Duration) {
 	if r.cfg == nil {
 		return
 	}
@@ -123,7 +114,7 @@ func (r *renewals) warmSoon(ttl time.Duration) {
 	due := time.Now().Add(ownPoolDelay(ttl))
 	switch {
 	case r.soon == nil:
-		r.soon, r.soonAt = time.AfterFunc(ownPoolDelay(ttl), r.warm), due
+		r.soon, r.soonAt = time.AfterFunc(ownPoolDelay(ttl), r.Warm), due
 	case due.Before(r.soonAt) && r.soon.Stop(): // a shorter ttl's first renewal comes sooner
 		r.soon.Reset(ownPoolDelay(ttl))
 		r.soonAt = due
@@ -135,8 +126,8 @@ func (r *renewals) warmSoon(ttl time.Duration) {
 // up by then.
 func ownPoolDelay(ttl time.Duration) time.Duration { return ttl / 6 }
 
-// warm makes the own pool, once; its first connection opens in the background.
-func (r *renewals) warm() {
+// Warm makes the own pool, once; its first connection opens in the background.
+func (r *Renewals) Warm() {
 	if r.cfg == nil {
 		return
 	}
@@ -146,7 +137,7 @@ func (r *renewals) warm() {
 }
 
 // warmLocked is warm with r.mu held.
-func (r *renewals) warmLocked() {
+func (r *Renewals) warmLocked() {
 	if r.own != nil || r.closed {
 		return
 	}
@@ -164,11 +155,11 @@ func (r *renewals) warmLocked() {
 // pool. (Taking every idle connection to keep one, as AcquireAllIdle does, cost each
 // release a few microseconds per connection of the pool, and held up the application's
 // calls meanwhile.)
-func (r *renewals) with(ctx context.Context, f func(*postgresStore) error) error {
+func (r *Renewals) with(ctx context.Context, f func(*postgresStore) error) error {
 	if r.pool.Stat().IdleConns() > 0 {
 		return f(r.shared)
 	}
-	r.warm() // now, if warmSoon has not yet
+	r.Warm() // now, if warmSoon has not yet
 	r.mu.Lock()
 	own := r.own
 	r.mu.Unlock()
@@ -220,20 +211,20 @@ func firstConn(ctx context.Context, own, app *pgxpool.Pool) (*pgxpool.Conn, erro
 	return first.conn, first.err
 }
 
-// releaseMany makes a hand-back's call (handBacks) as a renewal is made: on an idle
+// ReleaseMany makes a hand-back's call (handBacks) as a renewal is made: on an idle
 // connection of the application's pool, else on the own pool's, never behind the
 // application's use of its pool. A hand-back must land before its grant expires, and a
 // pool filled by open fenced transactions can hold a call past that.
-func (r *renewals) releaseMany(ctx context.Context, keys, owners []string) (released []int, err error) {
+func (r *Renewals) ReleaseMany(ctx context.Context, keys, owners []string) (released []int, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
-		released, err = s.releaseMany(ctx, keys, owners)
+		released, err = s.ReleaseMany(ctx, keys, owners)
 		return err
 	})
 	return released, err
 }
 
 // Release makes a Release's call as a renewal is made (see Client.releaseDetached).
-func (r *renewals) Release(ctx context.Context, key, owner string) (ok bool, err error) {
+func (r *Renewals) Release(ctx context.Context, key, owner string) (ok bool, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Release(ctx, key, owner)
 		return err
@@ -241,7 +232,8 @@ func (r *renewals) Release(ctx context.Context, key, owner string) (ok bool, err
 	return ok, err
 }
 
-func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
+// Renew makes a renewal's call (see with).
+func (r *Renewals) Renew(ctx context.Context, key, owner string, ttl time.Duration) (ok bool, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
 		ok, err = s.Renew(ctx, key, owner, ttl)
 		return err
@@ -249,17 +241,18 @@ func (r *renewals) Renew(ctx context.Context, key, owner string, ttl time.Durati
 	return ok, err
 }
 
-func (r *renewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error) {
+// RenewMany makes a batched renewal's call (see with).
+func (r *Renewals) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) (renewed []string, err error) {
 	err = r.with(ctx, func(s *postgresStore) (err error) {
-		renewed, err = s.renewMany(ctx, keys, owners, ttl)
+		renewed, err = s.RenewMany(ctx, keys, owners, ttl)
 		return err
 	})
 	return renewed, err
 }
 
-// close closes the own pool once the renewer has stopped; ctx bounds the wait for a
+// Close closes the own pool once the renewer has stopped; ctx bounds the wait for a
 // call that the renewer gave up on to hand its connection back.
-func (r *renewals) close(ctx context.Context) error {
+func (r *Renewals) Close(ctx context.Context) error {
 	r.mu.Lock()
 	r.closed = true
 	own := r.own
@@ -275,7 +268,7 @@ func (r *renewals) close(ctx context.Context) error {
 		own.Close()
 		close(closed)
 	}()
-	return waitDone(ctx, closed)
+	return WaitDone(ctx, closed)
 }
 
 // inTransaction reports whether a statement sent on the Queryer now runs inside a
@@ -343,27 +336,27 @@ func (p *pgxCalls) queryRow(ctx context.Context, q string, args ...any) scanner 
 }
 
 // conn takes a connection of pool for an acquisition's call, waiting no longer than
-// the call's ctx and the caller's (m.wait), and marks the time it was taken.
-func (m *sendMark) conn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
-	if m.wait != nil {
+// the call's ctx and the caller's (m.Wait), and marks the time it was taken.
+func (m *SendMark) conn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	if m.Wait != nil {
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
-		defer context.AfterFunc(m.wait, func() { cancel(context.Cause(m.wait)) })()
+		defer context.AfterFunc(m.Wait, func() { cancel(context.Cause(m.Wait)) })()
 	}
 	conn, err := pool.Acquire(ctx)
-	if m.wait != nil && m.wait.Err() != nil {
+	if m.Wait != nil && m.Wait.Err() != nil {
 		// The caller gave up first; the cancellation above runs on a goroutine of its
 		// own, and a connection freed before it ran was handed out all the same.
 		if err == nil {
 			conn.Release()
 		}
-		return nil, notSentError{context.Cause(m.wait)}
+		return nil, notSentError{context.Cause(m.Wait)}
 	}
 	if err != nil {
 		return nil, err
 	}
-	m.sent = m.now()
+	m.Sent = m.Now()
 	return conn, nil
 }
 
@@ -411,12 +404,10 @@ func withExecMode(args []any) []any {
 	return append(append(make([]any, 0, len(args)+1), pgx.QueryExecModeExec), args...)
 }
 
-// NewSQLStore returns a Store on the pglock schema (see Migrate) for database/sql, with
-// any PostgreSQL driver (pgx's stdlib, lib/pq): every feature of a Client works on it.
-// Without the schema, or with an older one, every call fails with an error that says to
-// run Migrate and wraps the driver's; with a nil db, with one wrapping
-// ErrInvalidArgument, and NewWithStore refuses the store.
-func NewSQLStore(db *sql.DB) Store {
+// NewSQL returns a store on the pglock schema for database/sql: pglock.NewSQLStore's.
+// With a nil db, every call fails with an error wrapping ErrInvalidArgument, which
+// Invalid returns.
+func NewSQL(db *sql.DB) Store {
 	if db == nil {
 		return invalidStore(invalidArg("NewSQLStore: nil db"))
 	}
@@ -485,7 +476,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 	return token.Int64, token.Valid, nil
 }
 
-func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
+func (s *postgresStore) AcquireOrWant(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, bool, error) {
 	if err := checkAcquire(key, owner, ttl); err != nil {
 		return 0, false, false, err
 	}
@@ -497,7 +488,7 @@ func (s *postgresStore) acquireOrWant(ctx context.Context, key, owner string, tt
 		if err != nil || acquired {
 			return token, acquired, false, err
 		}
-		wanted, err := s.markWanted(ctx, key)
+		wanted, err := s.MarkWanted(ctx, key)
 		return 0, false, wanted, err
 	}
 	var token int64
@@ -535,26 +526,52 @@ func (s *postgresStore) Release(ctx context.Context, key, owner string) (bool, e
 	return ok, nil
 }
 
-func (s *postgresStore) pglockStore() {}
+// Invalid returns the error that every call of s fails with when its constructor's
+// argument was unusable (a nil db), or nil.
+func Invalid(s Store) error {
+	if p, ok := s.(*postgresStore); ok {
+		return p.invalid
+	}
+	return nil
+}
 
-// postgres returns s, for newRenewals: so does a type that embeds it (the crowd
-// benchmark's counting store), whose clients then renew and release as New's do.
-func (s *postgresStore) postgres() *postgresStore { return s }
+// InCallerTx reports whether s is a PostgreSQL store whose statements run inside a
+// transaction of the caller's (a pgx.Tx, or a *pgx.Conn with one open).
+func InCallerTx(s Store) bool {
+	p, ok := s.(*postgresStore)
+	return ok && p.inTx != nil && p.inTx()
+}
 
-func (s *postgresStore) queueAcquire(ctx context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
+// postgresOf returns the PostgreSQL store that s is or wraps, or nil, for NewRenewals: a
+// wrapper with an Unwrap method (the crowd benchmark's counting store) gives its store,
+// so that its clients renew and release as New's do.
+func postgresOf(s Store) *postgresStore {
+	for {
+		switch v := s.(type) {
+		case *postgresStore:
+			return v
+		case interface{ Unwrap() Store }:
+			s = v.Unwrap()
+		default:
+			return nil
+		}
+	}
+}
+
+func (s *postgresStore) QueueAcquire(ctx context.Context, t Target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
 	if err := checkQueueCall(t, owner, ttl); err != nil {
 		return 0, 0, 0, 0, err
 	}
 	var token, ticket sql.NullInt64
 	var permit, ahead sql.NullInt32
 	if err := s.queryRow(ctx, `SELECT q.fencing_token, q.ticket, q.permit, q.ahead FROM pglock.queue_acquire($1, $2, $3, $4) q`,
-		t.key, owner, ttlMillis(ttl), t.permits).Scan(&token, &ticket, &permit, &ahead); err != nil {
-		return 0, 0, 0, 0, storeError(err, "acquire %q in its queue", t.key)
+		t.Key, owner, ttlMillis(ttl), t.Permits).Scan(&token, &ticket, &permit, &ahead); err != nil {
+		return 0, 0, 0, 0, storeError(err, "acquire %q in its queue", t.Key)
 	}
 	return int(permit.Int32), token.Int64, ticket.Int64, int(ahead.Int32), nil
 }
 
-func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
+func (s *postgresStore) QueuePoll(ctx context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	if err := checkTicket(key, ticket); err != nil {
 		return 0, 0, false, 0, err
 	}
@@ -568,7 +585,7 @@ func (s *postgresStore) queuePoll(ctx context.Context, key string, ticket int64)
 	return int(permit.Int32), token.Int64, queued, int(ahead.Int32), nil
 }
 
-func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64) (bool, error) {
+func (s *postgresStore) QueueLeave(ctx context.Context, key string, ticket int64) (bool, error) {
 	if err := checkTicket(key, ticket); err != nil {
 		return false, err
 	}
@@ -579,7 +596,7 @@ func (s *postgresStore) queueLeave(ctx context.Context, key string, ticket int64
 	return left, nil
 }
 
-func (s *postgresStore) renewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+func (s *postgresStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
 	if err := checkRenewMany(keys, owners, ttl); err != nil {
 		return nil, err
 	}
@@ -591,8 +608,8 @@ func (s *postgresStore) renewMany(ctx context.Context, keys, owners []string, tt
 	return renewed, nil
 }
 
-func (s *postgresStore) holder(ctx context.Context, key string) (LockInfo, error) {
-	if err := checkKey(key); err != nil {
+func (s *postgresStore) Holder(ctx context.Context, key string) (LockInfo, error) {
+	if err := CheckKey(key); err != nil {
 		return LockInfo{}, err
 	}
 	var owner sql.NullString
@@ -613,7 +630,7 @@ func (s *postgresStore) holder(ctx context.Context, key string) (LockInfo, error
 		ExpiresAt: readAt.Add(in), ExpiresIn: in}, nil
 }
 
-func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error) {
+func (s *postgresStore) MarkWanted(ctx context.Context, key string) (bool, error) {
 	var wanted bool
 	if err := s.queryRow(ctx, `SELECT pglock.lock_want($1)`, key).Scan(&wanted); err != nil {
 		return false, storeError(err, "mark %q wanted", key)
@@ -621,7 +638,7 @@ func (s *postgresStore) markWanted(ctx context.Context, key string) (bool, error
 	return wanted, nil
 }
 
-func (s *postgresStore) semAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+func (s *postgresStore) SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
 	if err := checkSemCall(key, owner, ttl, permits); err != nil {
 		return 0, 0, false, err
 	}
@@ -634,8 +651,8 @@ func (s *postgresStore) semAcquire(ctx context.Context, key, owner string, ttl t
 	return int(permit.Int32), token.Int64, permit.Valid && token.Valid, nil
 }
 
-func (s *postgresStore) semWant(ctx context.Context, key string, permits int) (bool, error) {
-	if err := checkSemaphore(key, permits); err != nil {
+func (s *postgresStore) SemWant(ctx context.Context, key string, permits int) (bool, error) {
+	if err := CheckSemaphore(key, permits); err != nil {
 		return false, err
 	}
 	var wanted bool
@@ -645,14 +662,14 @@ func (s *postgresStore) semWant(ctx context.Context, key string, permits int) (b
 	return wanted, nil
 }
 
-func (s *postgresStore) releaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
+func (s *postgresStore) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
 	if err := checkReleaseMany(keys, owners); err != nil {
 		return nil, err
 	}
 	// Asynchronous, as Release, only where the transaction is the statement's own.
 	async := s.inTx == nil || !s.inTx()
 	// Read as text through queryKeys, whose rows are read whole and read again when
-	// the statement is sent again after a rollback (store_retry.go): a statement that
+	// the statement is sent again after a rollback (retry.go): a statement that
 	// changes rows must be retried as Release is.
 	positions, err := s.queryKeys(ctx, `SELECT i::text FROM pglock.lock_release_many($1::text[], $2::text[], $3) AS i`,
 		s.array(keys), s.array(owners), async)
@@ -670,9 +687,9 @@ func (s *postgresStore) releaseMany(ctx context.Context, keys, owners []string) 
 	return released, nil
 }
 
-// prune deletes up to limit rows released or expired more than olderThan ago (see
+// Prune deletes up to limit rows released or expired more than olderThan ago (see
 // Client.Prune and pglock.lock_prune).
-func (s *postgresStore) prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
+func (s *postgresStore) Prune(ctx context.Context, olderThan time.Duration, limit int) (int64, error) {
 	var deleted int64
 	if err := s.queryRow(ctx, `SELECT pglock.lock_prune($1, $2)`, ttlMillis(olderThan), limit).Scan(&deleted); err != nil {
 		return 0, storeError(err, "prune")
@@ -732,4 +749,61 @@ func arrayLiteral(s []string) any {
 	}
 	b.WriteByte('}')
 	return b.String()
+}
+
+// SendMark rides on the ctx of an acquisition's store call (WithSendMark) to the pgx
+// store on a *pgxpool.Pool, which takes a connection of the pool itself before it sends
+// the statement (SendMark.conn): the lease counts from when the call had its connection,
+// not from before a wait for a busy pool (which made the client refuse, and hand back,
+// grants it could have kept), and a call whose caller gave up while it waited for a
+// connection is never sent, so that nothing is granted to be handed back (on a pool
+// opening connections over a slow link, both left keys held by nobody until their
+// expiry). Other stores leave sent as it was, the time before the call.
+type SendMark struct {
+	Wait context.Context  // the caller's ctx, which a detached call's wait for a connection ends with; nil: none
+	Now  func() time.Time // the client's clock
+	Sent time.Time        // read once the call has returned
+}
+
+type sendMarkKey struct{}
+
+// WithSendMark returns ctx carrying m, for an acquisition's store call.
+func WithSendMark(ctx context.Context, m *SendMark) context.Context {
+	return context.WithValue(ctx, sendMarkKey{}, m)
+}
+
+func sendMarkOf(ctx context.Context) *SendMark {
+	m, _ := ctx.Value(sendMarkKey{}).(*SendMark)
+	return m
+}
+
+// notSentError is a call that gave up waiting for a connection, its caller gone: nothing
+// reached the server (SafeToRetry, so mayHaveReached says false).
+type notSentError struct{ cause error }
+
+func (e notSentError) Error() string     { return e.cause.Error() }
+func (e notSentError) Unwrap() error     { return e.cause }
+func (e notSentError) SafeToRetry() bool { return true }
+
+// WaitDone waits until done is closed, or until ctx ends (returning its cause); done
+// wins when both are.
+func WaitDone(ctx context.Context, done <-chan struct{}) error {
+	select {
+	case <-done:
+		return nil
+	default:
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Own returns r's own pool, nil until it is made.
+func (r *Renewals) Own() *pgxpool.Pool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.own
 }

@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"cmp"
@@ -59,7 +59,7 @@ func scanEach(rows interface {
 	return rows.Err()
 }
 
-func (s *postgresStore) listLocks(ctx context.Context, prefix string) ([]LockInfo, error) {
+func (s *postgresStore) ListLocks(ctx context.Context, prefix string) ([]LockInfo, error) {
 	out := []LockInfo{}
 	err := s.queryRows(ctx, `SELECT key, coalesce(owner, ''), fencing_token, expires_at, held, wanted, read_at, acquired_at, ttl_ms FROM pglock.lock_list($1)`,
 		[]any{prefix}, func(r scanner) error {
@@ -97,14 +97,14 @@ func expiresIn(expires, now time.Time, held bool) time.Duration {
 // sorts locks by key, byte by byte, then by permit.
 func sortLocks(locks []LockInfo) {
 	for i := range locks {
-		locks[i].Key, locks[i].Permit = splitPermitKey(locks[i].Key)
+		locks[i].Key, locks[i].Permit = SplitPermitKey(locks[i].Key)
 	}
 	slices.SortFunc(locks, func(a, b LockInfo) int {
 		return cmp.Or(strings.Compare(a.Key, b.Key), cmp.Compare(a.Permit, b.Permit))
 	})
 }
 
-func (s *postgresStore) forceRelease(ctx context.Context, key string) (LockInfo, error) {
+func (s *postgresStore) ForceRelease(ctx context.Context, key string) (LockInfo, error) {
 	var owner sql.NullString
 	var token, expiresInUS sql.NullInt64
 	var expiresAt sql.NullTime
@@ -123,7 +123,7 @@ func (s *postgresStore) forceRelease(ctx context.Context, key string) (LockInfo,
 	}, nil
 }
 
-func (s *memoryStore) listLocks(_ context.Context, prefix string) ([]LockInfo, error) {
+func (s *memoryStore) ListLocks(_ context.Context, prefix string) ([]LockInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
@@ -139,7 +139,7 @@ func (s *memoryStore) listLocks(_ context.Context, prefix string) ([]LockInfo, e
 	return out, nil
 }
 
-func (s *memoryStore) forceRelease(_ context.Context, key string) (LockInfo, error) {
+func (s *memoryStore) ForceRelease(_ context.Context, key string) (LockInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.live(key, "")
@@ -158,4 +158,13 @@ func (s *memoryStore) info(key string, l *memoryLock, now time.Time) LockInfo {
 	held := l.owner != "" && l.expires.After(now)
 	return LockInfo{Key: key, Owner: l.owner, Instance: instanceOf(l.owner), Token: l.token, Held: held,
 		ExpiresAt: l.expires, ExpiresIn: expiresIn(l.expires, now, held)}
+}
+
+// instanceOf returns the instance-name part of an owner id: up to its last "/" (an
+// instance name may itself hold one, as the default "hostname/pid" does).
+func instanceOf(owner string) string {
+	if i := strings.LastIndexByte(owner, '/'); i >= 0 {
+		return owner[:i]
+	}
+	return owner
 }

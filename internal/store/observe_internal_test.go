@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"context"
@@ -26,8 +26,8 @@ func TestHealthCountsAStuckCallDespiteAnAnswerAsItBegan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			clock := TestClock{testkit.NewClock(time.Unix(0, 0))}
-			k := &calls{clock: clock, patience: time.Second}
+			clock := testkit.NewClock(time.Unix(0, 0))
+			k := &Calls{now: clock.Now, afterFunc: clock.AfterFunc, patience: time.Second}
 			t.Cleanup(func() { k.mu.Lock(); k.closed = true; k.mu.Unlock() })
 			ctx, cancel := context.WithCancel(context.Background())
 			stuck := k.begin(ctx, "renew", 0, false)
@@ -36,14 +36,14 @@ func TestHealthCountsAStuckCallDespiteAnAnswerAsItBegan(t *testing.T) {
 			var ok error
 			k.end(other, &ok)
 			clock.AdvanceTo(time.Unix(0, 0).Add(3 * time.Second))
-			require.Equal(t, tc.failed, k.state().err != nil, "while it waits")
+			require.Equal(t, tc.failed, k.State().Err != nil, "while it waits")
 			cancel()
 			err := error(context.Canceled)
 			k.end(stuck, &err)
-			s := k.state()
-			require.Equal(t, tc.failed, s.err != nil, "%v", s.err)
+			s := k.State()
+			require.Equal(t, tc.failed, s.Err != nil, "%v", s.Err)
 			if tc.failed {
-				require.True(t, errors.Is(s.err, context.Canceled), "%v", s.err)
+				require.True(t, errors.Is(s.Err, context.Canceled), "%v", s.Err)
 			}
 		})
 	}

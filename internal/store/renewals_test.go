@@ -1,4 +1,4 @@
-package pglock
+package store_test
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/store"
+	"github.com/pgfence/pglock/pglocktest"
 )
 
 // firstConn takes the connection that comes back first, from either pool, and puts the
@@ -14,7 +17,7 @@ import (
 // both pools closed, it returns an error.
 func TestFirstConnTakesWhicheverPoolHandsOneOutFirst(t *testing.T) {
 	t.Parallel()
-	base := fenceTestDB(t)
+	base := pglocktest.Postgres(t)
 	onePool := func(t *testing.T) *pgxpool.Pool {
 		cfg := base.Config()
 		cfg.MaxConns, cfg.MinConns = 1, 0
@@ -41,7 +44,7 @@ func TestFirstConnTakesWhicheverPoolHandsOneOutFirst(t *testing.T) {
 			}
 			got := make(chan result, 1)
 			go func() {
-				c, err := firstConn(ctx, own, app)
+				c, err := store.FirstConn(ctx, own, app)
 				got <- result{c, err}
 			}()
 			free, kept := heldOwn, heldApp
@@ -65,7 +68,7 @@ func TestFirstConnTakesWhicheverPoolHandsOneOutFirst(t *testing.T) {
 		own, app := onePool(t), onePool(t)
 		own.Close()
 		app.Close()
-		_, err := firstConn(context.Background(), own, app)
+		_, err := store.FirstConn(context.Background(), own, app)
 		require.Error(t, err)
 	})
 }

@@ -1,4 +1,7 @@
-package pglock_test
+// Package storetest is the contract that every store of pglock keeps: Run checks it on
+// a store, one subtest per behaviour, in the spirit of testing/fstest.TestFS. It has no
+// false positives; it may miss races: run it with -race.
+package storetest
 
 import (
 	"context"
@@ -15,17 +18,17 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 )
 
-// The store contract: every store of pglock keeps it, as subtests, one per behaviour,
-// in the spirit of testing/fstest.TestFS. testStore runs it on the PostgreSQL store
-// (pgx, behind PgBouncer, as a role with README.md's grants, under session settings),
-// the database/sql store (pgx's stdlib, lib/pq) and the memory store;
-// store_contract_fake_test.go checks that it fails stores that break it.
+// The store contract: every store of pglock keeps it, as subtests, one per behaviour.
+// Package store's tests run it on the PostgreSQL store (pgx, and database/sql), the
+// memory store; package pglock's, on the PostgreSQL store behind PgBouncer, as a role
+// with README.md's grants, under session settings; storetest_test.go checks that it
+// fails stores that break it.
 
-// contractOptions configures testStore.
-type contractOptions struct {
+// Options configures Run.
+type Options struct {
 	// Concurrent adds the race cases: Callers goroutines race on each key.
 	Concurrent bool
 	// Callers is how many goroutines race in the concurrent cases; zero means 16.
@@ -43,48 +46,21 @@ type contractOptions struct {
 	Serial bool
 }
 
-// contractStore is what the contract checks: Store's three calls and the batched
-// renewal that every store of pglock has (pglock.StoreRenewMany).
-type contractStore interface {
+// Store is what the contract checks: Acquire, Renew and Release, and the batched
+// renewal that every store of pglock has. A store.Store is one.
+type Store interface {
 	Acquire(ctx context.Context, key, owner string, ttl time.Duration) (int64, bool, error)
 	Renew(ctx context.Context, key, owner string, ttl time.Duration) (bool, error)
 	Release(ctx context.Context, key, owner string) (bool, error)
 	RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error)
 }
 
-// batchStore is a pglock.Store with its batched renewal as a method: a contractStore.
-type batchStore struct{ pglock.Store }
-
-// SemAcquire makes batchStore a semaphoreStore.
-func (s batchStore) SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
-	return pglock.StoreSemAcquire(ctx, s.Store, key, owner, ttl, permits)
-}
-
-// ReleaseMany makes batchStore a semaphoreStore.
-func (s batchStore) ReleaseMany(ctx context.Context, keys, owners []string) ([]int, error) {
-	return pglock.StoreReleaseMany(ctx, s.Store, keys, owners)
-}
-
-// semaphoreStore is a contractStore that takes semaphores' permits and hands back
+// semaphoreStore is a Store that takes semaphores' permits and hands back
 // many keys in one call (the client's hand-backs): the cases of both run on such a
 // store only.
 type semaphoreStore interface {
 	SemAcquire(ctx context.Context, key, owner string, ttl time.Duration, permits int) (permit int, token int64, acquired bool, err error)
 	ReleaseMany(ctx context.Context, keys, owners []string) (released []int, err error)
-}
-
-func (s batchStore) RenewMany(ctx context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
-	return pglock.StoreRenewMany(ctx, s.Store, keys, owners, ttl)
-}
-
-// testStore runs the store contract on the stores of newStore.
-func testStore(t *testing.T, newStore func(t *testing.T) pglock.Store, opts contractOptions) {
-	t.Helper()
-	runContract(t, func(t *testing.T) contractStore {
-		s := newStore(t)
-		require.NotNil(t, s, "newStore returned nil")
-		return batchStore{s}
-	}, opts)
 }
 
 const (
@@ -119,7 +95,7 @@ const (
 	intruder = "owner-intruder"
 )
 
-// runContract runs the store contract as subtests of t. Each subtest calls newStore
+// Run runs the store contract as subtests of t. Each subtest calls newStore
 // once, with its own t, before it runs in parallel with the others. newStore returns a
 // store on a fresh, empty state or one that other subtests share: every subtest uses
 // keys of its own, made of its name and a random part. The subtests are named after
@@ -136,9 +112,9 @@ const (
 // expiry could not be checked (the failure says so). It may miss races, however: run
 // it with -race, and with opts.Concurrent against a server behind a connection pool,
 // so that calls really overlap.
-func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts contractOptions) {
+func Run(t *testing.T, newStore func(t *testing.T) Store, opts Options) {
 	t.Helper()
-	require.GreaterOrEqual(t, opts.Callers, 0, "contractOptions.Callers")
+	require.GreaterOrEqual(t, opts.Callers, 0, "Options.Callers")
 	if opts.Callers == 0 {
 		opts.Callers = defaultCallers
 	}
@@ -185,7 +161,7 @@ func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts c
 
 	c.group(t, "Concurrent", func(t *testing.T) {
 		if !opts.Concurrent {
-			t.Skip("contractOptions.Concurrent is off")
+			t.Skip("Options.Concurrent is off")
 		}
 		c.run(t, "OneWinnerPerRound", oneWinnerPerRound)
 		c.run(t, "HoldersNeverOverlap", holdersNeverOverlap)
@@ -193,10 +169,10 @@ func runContract(t *testing.T, newStore func(t *testing.T) contractStore, opts c
 	})
 }
 
-// contract is one runContract.
+// contract is one Run.
 type contract struct {
-	newStore func(t *testing.T) contractStore
-	opts     contractOptions
+	newStore func(t *testing.T) Store
+	opts     Options
 }
 
 // group runs body as a subtest that holds other subtests.
@@ -232,8 +208,8 @@ func keyPrefix(t *testing.T) string {
 // harness is what a subtest checks the store with.
 type harness struct {
 	t      *testing.T
-	store  contractStore
-	opts   contractOptions
+	store  Store
+	opts   Options
 	prefix string
 	// elapsed is how far AdvanceTime moved the store's clock in this subtest.
 	elapsed time.Duration
@@ -342,21 +318,21 @@ func (h *harness) expire(key, owner string) int64 {
 }
 
 // contractAcquire calls s.Acquire with a timeout.
-func contractAcquire(s contractStore, key, owner string, ttl time.Duration) (int64, bool, error) {
+func contractAcquire(s Store, key, owner string, ttl time.Duration) (int64, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Acquire(ctx, key, owner, ttl)
 }
 
 // contractRenew calls s.Renew with a timeout.
-func contractRenew(s contractStore, key, owner string, ttl time.Duration) (bool, error) {
+func contractRenew(s Store, key, owner string, ttl time.Duration) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Renew(ctx, key, owner, ttl)
 }
 
 // contractRelease calls s.Release with a timeout.
-func contractRelease(s contractStore, key, owner string) (bool, error) {
+func contractRelease(s Store, key, owner string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return s.Release(ctx, key, owner)
@@ -528,7 +504,7 @@ func tokensGrowAcrossExpiry(h *harness) {
 
 func tokensGrowAfterRewind(h *harness) {
 	if h.opts.RewindTokens == nil {
-		h.t.Skip("contractOptions.RewindTokens is nil")
+		h.t.Skip("Options.RewindTokens is nil")
 	}
 	k := h.key("k")
 	var tokens []int64
@@ -571,10 +547,10 @@ type keyCase struct {
 }
 
 // apartKeys returns keys that differ only in ways a store might lose: length up to
-// pglock.MaxKeyLength, multibyte runes, emoji sequences, normalization, direction,
+// store.MaxKeyLength, multibyte runes, emoji sequences, normalization, direction,
 // trailing spaces and case. Each starts with prefix.
 func apartKeys(prefix string) []keyCase {
-	n := pglock.MaxKeyLength - utf8.RuneCountInString(prefix)
+	n := store.MaxKeyLength - utf8.RuneCountInString(prefix)
 	return []keyCase{
 		{"500 ASCII characters", prefix + strings.Repeat("a", n)},
 		{"499 ASCII characters", prefix + strings.Repeat("a", n-1)},
@@ -597,7 +573,7 @@ func apartKeys(prefix string) []keyCase {
 }
 
 func keysAreKeptApart(h *harness) {
-	require.Less(h.t, utf8.RuneCountInString(h.prefix), pglock.MaxKeyLength/2, "the subtest's name is too long for its keys")
+	require.Less(h.t, utf8.RuneCountInString(h.prefix), store.MaxKeyLength/2, "the subtest's name is too long for its keys")
 	keys := apartKeys(h.prefix)
 	owner := func(i int) string { return fmt.Sprintf("owner-%d", i) }
 	for i, k := range keys {
@@ -657,7 +633,7 @@ func renewMany(h *harness) {
 }
 
 // renewManyCall calls b.RenewMany with a timeout.
-func renewManyCall(b contractStore, keys, owners []string, ttl time.Duration) ([]string, error) {
+func renewManyCall(b Store, keys, owners []string, ttl time.Duration) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return b.RenewMany(ctx, keys, owners, ttl)
@@ -747,7 +723,7 @@ func (r *raceKey) fail(err error) {
 // compete has owner try to acquire r's key iterations times. Whenever it wins, it
 // checks that no one else holds the key, renews it, and releases it; whenever it
 // loses, it checks that it cannot renew or release it.
-func (r *raceKey) compete(s contractStore, owner string, iterations int) {
+func (r *raceKey) compete(s Store, owner string, iterations int) {
 	for range iterations {
 		token, acquired, err := contractAcquire(s, r.key, owner, longTTL)
 		if err != nil {

@@ -1,4 +1,4 @@
-package pglock_test
+package store_test
 
 import (
 	"context"
@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
 // recordingQueryer passes every statement on to its Queryer and keeps the arguments of
 // the last one.
 type recordingQueryer struct {
-	pglock.Queryer
+	store.Queryer
 	mu   sync.Mutex
 	last []any
 }
@@ -57,8 +57,7 @@ func TestSQLFunctionsGetTheTTLRoundedUp(t *testing.T) {
 	ctx := t.Context()
 	pool := pglocktest.Postgres(t)
 	rec := &recordingQueryer{Queryer: pool}
-	store := pglock.NewPostgresStore(rec)
-	batch := batchStore{store}
+	s := store.NewPostgres(rec)
 	for _, c := range []struct {
 		ttl  time.Duration
 		want int64
@@ -72,14 +71,14 @@ func TestSQLFunctionsGetTheTTLRoundedUp(t *testing.T) {
 	} {
 		t.Run(c.ttl.String(), func(t *testing.T) {
 			key := "ttl:" + c.ttl.String()
-			_, ok, err := store.Acquire(ctx, key, "o", c.ttl)
+			_, ok, err := s.Acquire(ctx, key, "o", c.ttl)
 			require.NoError(t, err)
 			require.True(t, ok)
 			require.Equal(t, c.want, rec.lastArg(2), "Acquire")
-			_, err = store.Renew(ctx, key, "o", c.ttl)
+			_, err = s.Renew(ctx, key, "o", c.ttl)
 			require.NoError(t, err)
 			require.Equal(t, c.want, rec.lastArg(2), "Renew")
-			_, err = batch.RenewMany(ctx, []string{key}, []string{"o"}, c.ttl)
+			_, err = s.RenewMany(ctx, []string{key}, []string{"o"}, c.ttl)
 			require.NoError(t, err)
 			require.Equal(t, c.want, rec.lastArg(2), "RenewMany")
 		})
@@ -88,7 +87,7 @@ func TestSQLFunctionsGetTheTTLRoundedUp(t *testing.T) {
 	t.Run("a lock outlives its ttl on the database clock", func(t *testing.T) {
 		var before time.Time
 		require.NoError(t, pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&before))
-		_, ok, err := store.Acquire(ctx, "ttl:database", "o", 1500*time.Microsecond)
+		_, ok, err := s.Acquire(ctx, "ttl:database", "o", 1500*time.Microsecond)
 		require.NoError(t, err)
 		require.True(t, ok)
 		var lives time.Duration

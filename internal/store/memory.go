@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"context"
@@ -8,15 +8,33 @@ import (
 	"time"
 )
 
-// NewMemoryStore returns a Store that keeps its locks in this process, with expiry on
-// clock (nil means the real clock), for tests: NewWithStore(NewMemoryStore(clock),
-// WithClock(clock)). It excludes callers in one process only. Every feature of a Client
-// works on it but the listener: waiters poll. It is safe for concurrent use.
-func NewMemoryStore(clock Clock) Store {
+// Clock is the time the memory store measures expiry on: pglock.Clock has it.
+type Clock interface{ Now() time.Time }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+// NewMemory returns a store that keeps its locks in this process, with expiry on clock
+// (nil means the real clock): pglock.NewMemoryStore's. It has no Wanter and no Slots.
+// It is safe for concurrent use.
+func NewMemory(clock Clock) Store {
 	if clock == nil {
 		clock = realClock{}
 	}
 	return &memoryStore{clock: clock, locks: make(map[string]*memoryLock), waiters: make(map[string][]*memoryWaiter)}
+}
+
+// Queued returns how many fair waiters the memory store s keeps queued on the lock key
+// (for tests), or 0 for another store.
+func Queued(s Store, key string) int {
+	m, ok := s.(*memoryStore)
+	if !ok {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.waiters[key])
 }
 
 type memoryStore struct {
@@ -44,7 +62,7 @@ type memoryWaiter struct {
 
 // semQueue returns the key of the fair queue of the semaphore key, as
 // migrations/000017_fair_semaphores.up.sql keeps it: apart from a lock's of that key.
-func semQueue(key string) string { return key + permitSeparator }
+func semQueue(key string) string { return key + PermitSeparator }
 
 type memoryLock struct {
 	owner    string // "" once released
@@ -53,8 +71,6 @@ type memoryLock struct {
 	ttl      time.Duration // the ttl it was drawn for
 	expires  time.Time     // the end of the lease: its expiry, or its release
 }
-
-func (s *memoryStore) pglockStore() {}
 
 // live returns key's lock if owner (any owner when "") holds it and it has not expired.
 func (s *memoryStore) live(key, owner string) *memoryLock {
@@ -98,7 +114,7 @@ func (s *memoryStore) take(key, owner string, ttl time.Duration) int64 {
 // queued reports whether a live fair waiter that is not granted the key waits on key
 // with a ticket below before (any ticket when 0); s.mu is held.
 func (s *memoryStore) queued(key string, before int64) bool {
-	alive := s.clock.Now().Add(-queueBound)
+	alive := s.clock.Now().Add(-QueueBound)
 	for _, w := range s.waiters[key] {
 		if before != 0 && w.ticket >= before {
 			break
@@ -113,7 +129,7 @@ func (s *memoryStore) queued(key string, before int64) bool {
 // waiting counts the live fair waiters not granted anything in the queue qkey with a
 // ticket below before; s.mu is held.
 func (s *memoryStore) waiting(qkey string, before int64) int {
-	alive, n := s.clock.Now().Add(-queueBound), 0
+	alive, n := s.clock.Now().Add(-QueueBound), 0
 	for _, w := range s.waiters[qkey] {
 		if w.ticket < before && w.granted == "" && w.seen.After(alive) {
 			n++
@@ -122,11 +138,11 @@ func (s *memoryStore) waiting(qkey string, before int64) int {
 	return n
 }
 
-// grant hands key, free, to the head of its live queue, for queueBound; s.mu is held.
+// grant hands key, free, to the head of its live queue, for QueueBound; s.mu is held.
 func (s *memoryStore) grant(key string) {
 	now := s.clock.Now()
 	for _, w := range s.waiters[key] {
-		if w.granted == "" && w.seen.After(now.Add(-queueBound)) {
+		if w.granted == "" && w.seen.After(now.Add(-QueueBound)) {
 			s.grantTo(w, key)
 			return
 		}
@@ -137,10 +153,10 @@ func (s *memoryStore) grant(key string) {
 // semaphore's live queue when the head's N allows it, as pglock.sem_grant does; s.mu
 // is held.
 func (s *memoryStore) semGrant(key, row string) {
-	alive := s.clock.Now().Add(-queueBound)
+	alive := s.clock.Now().Add(-QueueBound)
 	for _, w := range s.waiters[semQueue(key)] {
 		if w.granted == "" && w.seen.After(alive) {
-			if _, permit := splitPermitKey(row); permit <= w.permits && len(s.livePermits(key, "")) < w.permits {
+			if _, permit := SplitPermitKey(row); permit <= w.permits && len(s.livePermits(key, "")) < w.permits {
 				s.grantTo(w, row)
 			}
 			return
@@ -148,19 +164,19 @@ func (s *memoryStore) semGrant(key, row string) {
 	}
 }
 
-// grantTo grants row, free, to w for queueBound; s.mu is held.
+// grantTo grants row, free, to w for QueueBound; s.mu is held.
 func (s *memoryStore) grantTo(w *memoryWaiter, row string) {
 	now := s.clock.Now()
 	s.seq++
 	l := s.locks[row]
-	l.owner, l.token, l.acquired, l.ttl, l.expires = w.owner, max(s.seq, l.token+1), now, w.ttl.Truncate(time.Millisecond), now.Add(queueBound)
+	l.owner, l.token, l.acquired, l.ttl, l.expires = w.owner, max(s.seq, l.token+1), now, w.ttl.Truncate(time.Millisecond), now.Add(QueueBound)
 	w.granted, w.seen = row, now
 }
 
 // handOver hands row, just freed, to the head of its queue: its semaphore's for a
 // permit, its key's for a lock; s.mu is held.
 func (s *memoryStore) handOver(row string) {
-	if key, permit := splitPermitKey(row); permit > 0 {
+	if key, permit := SplitPermitKey(row); permit > 0 {
 		s.semGrant(key, row)
 		return
 	}
@@ -190,30 +206,30 @@ func (s *memoryStore) dequeue(key string, i int) {
 	s.waiters[key] = q
 }
 
-func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
+func (s *memoryStore) QueueAcquire(_ context.Context, t Target, owner string, ttl time.Duration) (int, int64, int64, int, error) {
 	if err := checkQueueCall(t, owner, ttl); err != nil {
 		return 0, 0, 0, 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// What owner holds already, a claim whose reply was lost: renewed and given again.
-	row := t.key
-	if t.permits > 0 {
+	row := t.Key
+	if t.Permits > 0 {
 		row = "" // no lock has this key
-		if rows := s.livePermits(t.key, owner); len(rows) > 0 {
+		if rows := s.livePermits(t.Key, owner); len(rows) > 0 {
 			row = slices.Min(rows)
 		}
 	}
 	if l := s.live(row, owner); l != nil {
 		l.expires = s.clock.Now().Add(ttl)
-		_, permit := splitPermitKey(row)
+		_, permit := SplitPermitKey(row)
 		return permit, l.token, 0, 0, nil
 	}
-	qkey := t.key
-	if t.permits > 0 {
-		qkey = semQueue(t.key)
+	qkey := t.Key
+	if t.Permits > 0 {
+		qkey = semQueue(t.Key)
 		if !s.queued(qkey, 0) {
-			if permit, token := s.semTake(t.key, owner, ttl, t.permits); token > 0 {
+			if permit, token := s.semTake(t.Key, owner, ttl, t.Permits); token > 0 {
 				return permit, token, 0, 0, nil
 			}
 		}
@@ -225,11 +241,11 @@ func (s *memoryStore) queueAcquire(_ context.Context, t target, owner string, tt
 	now := s.clock.Now()
 	q := slices.DeleteFunc(s.waiters[qkey], func(w *memoryWaiter) bool { return w.seen.Before(now.Add(-time.Minute)) })
 	s.tickets++
-	s.waiters[qkey] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, permits: t.permits, seen: now})
-	return 0, 0, s.tickets, min(s.waiting(qkey, s.tickets), maxAhead), nil
+	s.waiters[qkey] = append(q, &memoryWaiter{ticket: s.tickets, owner: owner, ttl: ttl, permits: t.Permits, seen: now})
+	return 0, 0, s.tickets, min(s.waiting(qkey, s.tickets), MaxAhead), nil
 }
 
-func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, int, error) {
+func (s *memoryStore) QueuePoll(_ context.Context, key string, ticket int64) (int, int64, bool, int, error) {
 	if err := checkTicket(key, ticket); err != nil {
 		return 0, 0, false, 0, err
 	}
@@ -243,13 +259,13 @@ func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (in
 		if l := s.live(w.granted, w.owner); l != nil { // the claim
 			l.expires = s.clock.Now().Add(w.ttl)
 			s.dequeue(qkey, i)
-			_, permit := splitPermitKey(w.granted)
+			_, permit := SplitPermitKey(w.granted)
 			return permit, l.token, false, 0, nil
 		}
 	}
 	w.granted, w.seen = "", s.clock.Now()
 	waiting := s.waiting(qkey, ticket)
-	ahead := min(waiting, maxAhead)
+	ahead := min(waiting, MaxAhead)
 	if w.permits > 0 {
 		if waiting >= w.permits-len(s.livePermits(key, "")) {
 			return 0, 0, true, ahead, nil
@@ -269,7 +285,7 @@ func (s *memoryStore) queuePoll(_ context.Context, key string, ticket int64) (in
 	return 0, token, false, 0, nil
 }
 
-func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (bool, error) {
+func (s *memoryStore) QueueLeave(_ context.Context, key string, ticket int64) (bool, error) {
 	if err := checkTicket(key, ticket); err != nil {
 		return false, err
 	}
@@ -289,9 +305,9 @@ func (s *memoryStore) queueLeave(_ context.Context, key string, ticket int64) (b
 	return true, nil
 }
 
-// semAcquire is pglock.sem_acquire's rule on the store's clock; one mutex makes the
+// SemAcquire is pglock.sem_acquire's rule on the store's clock; one mutex makes the
 // count and the take one step.
-func (s *memoryStore) semAcquire(_ context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
+func (s *memoryStore) SemAcquire(_ context.Context, key, owner string, ttl time.Duration, permits int) (int, int64, bool, error) {
 	if err := checkSemCall(key, owner, ttl, permits); err != nil {
 		return 0, 0, false, err
 	}
@@ -311,7 +327,7 @@ func (s *memoryStore) semTake(key, owner string, ttl time.Duration, permits int)
 		return 0, 0
 	}
 	for i := 1; i <= permits; i++ {
-		if row := permitKey(key, i); s.live(row, "") == nil {
+		if row := PermitKey(key, i); s.live(row, "") == nil {
 			return i, s.take(row, owner, ttl)
 		}
 	}
@@ -323,14 +339,14 @@ func (s *memoryStore) semTake(key, owner string, ttl time.Duration, permits int)
 func (s *memoryStore) livePermits(key, owner string) []string {
 	var rows []string
 	for row := range s.locks {
-		if sem, permit := splitPermitKey(row); permit > 0 && sem == key && s.live(row, owner) != nil {
+		if sem, permit := SplitPermitKey(row); permit > 0 && sem == key && s.live(row, owner) != nil {
 			rows = append(rows, row)
 		}
 	}
 	return rows
 }
 
-func (s *memoryStore) releaseMany(_ context.Context, keys, owners []string) ([]int, error) {
+func (s *memoryStore) ReleaseMany(_ context.Context, keys, owners []string) ([]int, error) {
 	if err := checkReleaseMany(keys, owners); err != nil {
 		return nil, err
 	}
@@ -348,7 +364,7 @@ func (s *memoryStore) releaseMany(_ context.Context, keys, owners []string) ([]i
 // release releases key for owner, as pglock.lock_release_many does one key, and
 // reports whether it did; s.mu is held.
 func (s *memoryStore) release(key, owner string) bool {
-	if sem, ok := strings.CutSuffix(key, permitSeparator); ok {
+	if sem, ok := strings.CutSuffix(key, PermitSeparator); ok {
 		// A permit of unknown number (sem_release), handed over as any permit's release.
 		rows := s.livePermits(sem, owner)
 		for _, row := range rows {
@@ -386,7 +402,7 @@ func (s *memoryStore) renew(key, owner string, ttl time.Duration) bool {
 	return true
 }
 
-func (s *memoryStore) renewMany(_ context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
+func (s *memoryStore) RenewMany(_ context.Context, keys, owners []string, ttl time.Duration) ([]string, error) {
 	if err := checkRenewMany(keys, owners, ttl); err != nil {
 		return nil, err
 	}
@@ -410,9 +426,9 @@ func (s *memoryStore) Release(_ context.Context, key, owner string) (bool, error
 	return s.release(key, owner), nil
 }
 
-// prune deletes up to limit locks released or expired more than olderThan ago, as
+// Prune deletes up to limit locks released or expired more than olderThan ago, as
 // pglock.lock_prune does, raising seq to every token it deletes.
-func (s *memoryStore) prune(_ context.Context, olderThan time.Duration, limit int) (int64, error) {
+func (s *memoryStore) Prune(_ context.Context, olderThan time.Duration, limit int) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
@@ -444,8 +460,8 @@ func (s *memoryStore) prune(_ context.Context, olderThan time.Duration, limit in
 	return deleted, nil
 }
 
-func (s *memoryStore) holder(_ context.Context, key string) (LockInfo, error) {
-	if err := checkKey(key); err != nil {
+func (s *memoryStore) Holder(_ context.Context, key string) (LockInfo, error) {
+	if err := CheckKey(key); err != nil {
 		return LockInfo{}, err
 	}
 	s.mu.Lock()

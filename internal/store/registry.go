@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"context"
@@ -11,7 +11,45 @@ import (
 
 // The stores' side of the registry (registry.go): pglock.registry (000016, 000028).
 
-func (s *postgresStore) registryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error {
+// Registry kinds: the kind column of pglock.registry.
+const (
+	KindJob      = "job"
+	KindElection = "election"
+)
+
+const (
+	// RegistryRefresh is how often a client tells the store that its registrations
+	// are still there (Registration.Seen).
+	RegistryRefresh = 5 * time.Minute
+	// registryGone is how long a registration neither closed nor refreshed stays
+	// live: a refresh period and a minute for a late one.
+	registryGone = RegistryRefresh + time.Minute
+)
+
+// The states of a registration: pglock's RegistrationLive, RegistrationClosed and
+// RegistrationGone.
+const (
+	RegistrationLive   = "live"
+	RegistrationClosed = "closed"
+	RegistrationGone   = "gone"
+)
+
+// registrationState is the state of a registration seen at seen, closed or not, read
+// at now.
+func registrationState(closed bool, seen, now time.Time) string {
+	switch {
+	case closed:
+		return RegistrationClosed
+	case now.Sub(seen) > registryGone:
+		return RegistrationGone
+	}
+	return RegistrationLive
+}
+
+// registryEntry is one registration, the memory store's key.
+type registryEntry struct{ kind, key string }
+
+func (s *postgresStore) RegistryTouch(ctx context.Context, kind string, keys []string, instance string, registering bool) error {
 	var written sql.NullInt64
 	if err := s.queryRow(ctx, `SELECT pglock.registry_touch($1, $2, $3, $4)`, kind, s.array(keys), instance, registering).
 		Scan(&written); err != nil {
@@ -20,7 +58,7 @@ func (s *postgresStore) registryTouch(ctx context.Context, kind string, keys []s
 	return nil
 }
 
-func (s *postgresStore) registryClose(ctx context.Context, kind string, keys []string, instance string) error {
+func (s *postgresStore) RegistryClose(ctx context.Context, kind string, keys []string, instance string) error {
 	var written sql.NullInt64
 	if err := s.queryRow(ctx, `SELECT pglock.registry_close($1, $2, $3)`, kind, s.array(keys), instance).
 		Scan(&written); err != nil {
@@ -29,16 +67,16 @@ func (s *postgresStore) registryClose(ctx context.Context, kind string, keys []s
 	return nil
 }
 
-// registrations returns the registrations of kind, by key then instance.
-func (s *postgresStore) registrations(ctx context.Context, kind string) ([]registryRow, error) {
-	var out []registryRow
+// Registrations returns the registrations of kind, by key then instance.
+func (s *postgresStore) Registrations(ctx context.Context, kind string) ([]RegistryRow, error) {
+	var out []RegistryRow
 	err := s.queryRows(ctx, `SELECT key, instance, registered_at, seen_at, closed_at, read_at
 		FROM pglock.registry_states($1)`, []any{kind},
 		func(r scanner) error {
-			var row registryRow
+			var row RegistryRow
 			var closed sql.NullTime
 			var readAt time.Time
-			if err := r.Scan(&row.key, &row.Instance, &row.Registered, &row.Seen, &closed, &readAt); err != nil {
+			if err := r.Scan(&row.Key, &row.Instance, &row.Registered, &row.Seen, &closed, &readAt); err != nil {
 				return err
 			}
 			row.State = registrationState(closed.Valid, row.Seen, readAt)
@@ -51,10 +89,10 @@ func (s *postgresStore) registrations(ctx context.Context, kind string) ([]regis
 	return out, nil
 }
 
-func (s *postgresStore) elections(ctx context.Context) ([]LockInfo, error) {
+func (s *postgresStore) Elections(ctx context.Context) ([]LockInfo, error) {
 	out := []LockInfo{}
 	err := s.queryRows(ctx, `SELECT e.key, h.owner, h.fencing_token, h.expires_in_us, clock_timestamp()
-		FROM (SELECT DISTINCT r.key FROM pglock.registry_list('election') r) e
+		FROM (SELECT DISTINCT r.Key FROM pglock.registry_list('election') r) e
 		CROSS JOIN LATERAL pglock.lock_holder(e.key) h`, nil, func(r scanner) error {
 		var l LockInfo
 		var owner sql.NullString
@@ -84,7 +122,7 @@ type memoryRegistry struct {
 	rows map[registryEntry]map[string]Registration // by instance
 }
 
-func (s *memoryStore) registryTouch(_ context.Context, kind string, keys []string, instance string, registering bool) error {
+func (s *memoryStore) RegistryTouch(_ context.Context, kind string, keys []string, instance string, registering bool) error {
 	now := s.clock.Now()
 	g := &s.registry
 	g.mu.Lock()
@@ -107,7 +145,7 @@ func (s *memoryStore) registryTouch(_ context.Context, kind string, keys []strin
 	return nil
 }
 
-func (s *memoryStore) registryClose(_ context.Context, kind string, keys []string, instance string) error {
+func (s *memoryStore) RegistryClose(_ context.Context, kind string, keys []string, instance string) error {
 	now := s.clock.Now()
 	g := &s.registry
 	g.mu.Lock()
@@ -121,23 +159,23 @@ func (s *memoryStore) registryClose(_ context.Context, kind string, keys []strin
 	return nil
 }
 
-func (s *memoryStore) registrations(_ context.Context, kind string) ([]registryRow, error) {
+func (s *memoryStore) Registrations(_ context.Context, kind string) ([]RegistryRow, error) {
 	now := s.clock.Now()
 	g := &s.registry
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var out []registryRow
+	var out []RegistryRow
 	for e, byInstance := range g.rows {
 		if e.kind != kind {
 			continue
 		}
 		for _, r := range byInstance {
 			r.State = registrationState(r.State == RegistrationClosed, r.Seen, now)
-			out = append(out, registryRow{key: e.key, Registration: r})
+			out = append(out, RegistryRow{Key: e.key, Registration: r})
 		}
 	}
-	slices.SortFunc(out, func(a, b registryRow) int {
-		if c := strings.Compare(a.key, b.key); c != 0 {
+	slices.SortFunc(out, func(a, b RegistryRow) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Instance, b.Instance)
@@ -145,14 +183,14 @@ func (s *memoryStore) registrations(_ context.Context, kind string) ([]registryR
 	return out, nil
 }
 
-func (s *memoryStore) elections(ctx context.Context) ([]LockInfo, error) {
-	rows, _ := s.registrations(ctx, kindElection)
+func (s *memoryStore) Elections(ctx context.Context) ([]LockInfo, error) {
+	rows, _ := s.Registrations(ctx, KindElection)
 	out := []LockInfo{}
 	for _, r := range rows {
-		if len(out) > 0 && out[len(out)-1].Key == r.key {
+		if len(out) > 0 && out[len(out)-1].Key == r.Key {
 			continue
 		}
-		l, err := s.holder(ctx, r.key)
+		l, err := s.Holder(ctx, r.Key)
 		if err != nil {
 			return nil, err
 		}

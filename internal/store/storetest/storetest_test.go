@@ -1,4 +1,4 @@
-package pglock_test
+package storetest
 
 import (
 	"context"
@@ -37,7 +37,7 @@ type fakeLock struct {
 	expires time.Time
 }
 
-// fakeStore is a contractStore in memory, with expiry on now, that breaks the rule its
+// fakeStore is a Store in memory, with expiry on now, that breaks the rule its
 // flaw names. It is written as a store outside pglock would be, which the contract
 // cannot tell from a store of pglock's.
 type fakeStore struct {
@@ -152,15 +152,15 @@ func TestStoreContractPassesACorrectStore(t *testing.T) {
 	t.Parallel()
 	t.Run("RealTime", func(t *testing.T) {
 		t.Parallel()
-		runContract(t, func(*testing.T) contractStore { return newFakeStore(time.Now, noFlaw) },
-			contractOptions{Concurrent: true})
+		Run(t, func(*testing.T) Store { return newFakeStore(time.Now, noFlaw) },
+			Options{Concurrent: true})
 	})
 	t.Run("AdvanceTime", func(t *testing.T) {
 		t.Parallel()
 		clock := &fakeClock{now: time.Now()}
 		s := newFakeStore(clock.Now, noFlaw)
-		runContract(t, func(*testing.T) contractStore { return s },
-			contractOptions{Concurrent: true, Callers: 8, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
+		Run(t, func(*testing.T) Store { return s },
+			Options{Concurrent: true, Callers: 8, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
 	})
 }
 
@@ -173,8 +173,8 @@ func TestStoreContractOnABrokenStore(t *testing.T) {
 	}
 	clock := &fakeClock{now: time.Now()}
 	s := newFakeStore(clock.Now, f)
-	runContract(t, func(*testing.T) contractStore { return s },
-		contractOptions{Concurrent: true, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
+	Run(t, func(*testing.T) Store { return s },
+		Options{Concurrent: true, AdvanceTime: clock.Advance, RewindTokens: s.rewind})
 }
 
 func TestStoreContractFailsBrokenStores(t *testing.T) {

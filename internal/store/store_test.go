@@ -1,4 +1,4 @@
-package pglock_test
+package store_test
 
 import (
 	"database/sql"
@@ -11,13 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/store"
+	"github.com/pgfence/pglock/internal/store/storetest"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
 func TestMemoryStoreContract(t *testing.T) {
 	t.Parallel()
 	clock := pglocktest.NewManualClock(time.Now())
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewMemoryStore(clock) }, contractOptions{
+	storetest.Run(t, func(*testing.T) storetest.Store { return store.NewMemory(clock) }, storetest.Options{
 		Concurrent:  true,
 		AdvanceTime: clock.Advance,
 	})
@@ -26,7 +28,7 @@ func TestMemoryStoreContract(t *testing.T) {
 func TestPostgresStoreContract(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t) // 20 connections, raced by 32 callers
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewPostgresStore(pool) }, contractOptions{
+	storetest.Run(t, func(*testing.T) storetest.Store { return store.NewPostgres(pool) }, storetest.Options{
 		Concurrent: true,
 		Callers:    32,
 		RewindTokens: func(t testing.TB) {
@@ -42,22 +44,10 @@ func TestSQLStoreContract(t *testing.T) {
 	require.NoError(t, err)
 	db.SetMaxOpenConns(20)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	testStore(t, func(*testing.T) pglock.Store { return pglock.NewSQLStore(db) }, contractOptions{
+	storetest.Run(t, func(*testing.T) storetest.Store { return store.NewSQL(db) }, storetest.Options{
 		Concurrent: true,
 		Callers:    32,
 	})
-}
-
-// leaseOf is the LockInfo that a read of l's key returns while l holds it, with h's
-// times (on the store's clock).
-func leaseOf(l *pglock.Lock, h pglock.LockInfo) pglock.LockInfo {
-	return pglock.LockInfo{Key: l.Key(), Owner: l.Owner(), Instance: instanceOf(l), Token: l.Token(), Held: true,
-		ExpiresAt: h.ExpiresAt, ExpiresIn: h.ExpiresIn}
-}
-
-// instanceOf is the instance-name part of l's owner id.
-func instanceOf(l *pglock.Lock) string {
-	return l.Owner()[:strings.LastIndexByte(l.Owner(), '/')]
 }
 
 // Every store refuses bad input to its batched renewal and to its holder read before it
@@ -97,10 +87,10 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 		{"a key not UTF-8", "\xff", "UTF-8"},
 		{"a key too long", long, "501 characters"},
 	}
-	for name, store := range map[string]pglock.Store{
-		"Postgres": pglock.NewPostgresStore(pool),
-		"SQL":      pglock.NewSQLStore(db),
-		"Memory":   pglock.NewMemoryStore(nil),
+	for name, store := range map[string]store.Store{
+		"Postgres": store.NewPostgres(pool),
+		"SQL":      store.NewSQL(db),
+		"Memory":   store.NewMemory(nil),
 	} {
 		t.Run(name, func(t *testing.T) {
 			held := name + ":held"
@@ -113,12 +103,12 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 					if len(keys) > 0 {
 						keys[0] = held
 					}
-					renewed, err := pglock.StoreRenewMany(ctx, store, keys, tc.owners, tc.ttl)
+					renewed, err := store.RenewMany(ctx, keys, tc.owners, tc.ttl)
 					require.ErrorIs(t, err, tc.want)
 					require.ErrorContains(t, err, tc.text)
 					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
 					require.Nil(t, renewed)
-					h, err := pglock.StoreHolder(ctx, store, held)
+					h, err := store.Holder(ctx, held)
 					require.NoError(t, err)
 					require.True(t, h.Held)
 					require.LessOrEqual(t, h.ExpiresIn, time.Minute, "a batch with a bad entry renewed its good one")
@@ -126,7 +116,7 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 			}
 			for _, tc := range holders {
 				t.Run("Holder/"+tc.name, func(t *testing.T) {
-					h, err := pglock.StoreHolder(ctx, store, tc.key)
+					h, err := store.Holder(ctx, tc.key)
 					require.ErrorIs(t, err, pglock.ErrInvalidKey)
 					require.ErrorContains(t, err, tc.text)
 					require.True(t, strings.HasPrefix(err.Error(), "pglock: "), err.Error())
@@ -135,41 +125,4 @@ func TestStoresRefuseBadBatchesAndHolderReads(t *testing.T) {
 			}
 		})
 	}
-}
-
-// Store is closed: a type of another package with Store's three methods is no Store,
-// and the compiler says so; a type that embeds a Store is one (see Store).
-func TestStoreCannotBeImplementedOutsidePglock(t *testing.T) {
-	t.Parallel()
-	messages := buildAgainstPglock(t, map[string]string{
-		"outside/store.go": `package outside
-
-import (
-	"context"
-	"time"
-
-	"github.com/pgfence/pglock"
-)
-
-type store struct{}
-
-func (store) Acquire(context.Context, string, string, time.Duration) (int64, bool, error) { return 1, true, nil }
-func (store) Renew(context.Context, string, string, time.Duration) (bool, error)          { return true, nil }
-func (store) Release(context.Context, string, string) (bool, error)                       { return true, nil }
-
-var _, _ = pglock.NewWithStore(store{})
-`,
-		"wrapper/store.go": `package wrapper
-
-import "github.com/pgfence/pglock"
-
-type store struct{ pglock.Store }
-
-var _, _ = pglock.NewWithStore(store{pglock.NewMemoryStore(nil)})
-`,
-	})
-	require.Empty(t, messages["wrapper"], "a type that embeds a Store does not compile")
-	out := messages["outside"]
-	require.NotEmpty(t, out, "a store written outside pglock compiled")
-	require.Contains(t, out, "store does not implement pglock.Store (missing method pglockStore)")
 }

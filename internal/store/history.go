@@ -1,4 +1,4 @@
-package pglock
+package store
 
 import (
 	"cmp"
@@ -12,31 +12,31 @@ import (
 	"time"
 )
 
-// The stores' side of the run history (history.go, history_writer.go).
+// The stores' side of the run history (pglock's history.go, and history_writer.go).
 
-// The PostgreSQL store's history: pglock.job_runs and pglock.job_skips (000008). The
+// The PostgreSQL store's history: pglock.Job_runs and pglock.Job_skips (000008). The
 // reads return JSON, one value, so that they go through the store's one-row calls with
 // every driver; times travel as microseconds since the epoch, whatever the session's
 // TimeZone.
 
-func (s *postgresStore) recordRun(ctx context.Context, r runRecord, retention time.Duration) error {
+func (s *postgresStore) RecordRun(ctx context.Context, r RunRecord, retention time.Duration) error {
 	var errText any
-	if r.err != "" {
-		errText = r.err
+	if r.Err != "" {
+		errText = r.Err
 	}
 	var id int64
 	var err error
-	if r.slot.attempt == 0 {
-		err = s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
-			string(r.outcome), errText, ttlMillis(retention)).Scan(&id)
+	if r.Attempt == 0 {
+		err = s.queryRow(ctx, `SELECT pglock.Job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			r.Job, r.Instance, r.Owner, r.Token, sinceUS(r.Ended), r.Duration.Microseconds(),
+			r.Outcome, errText, ttlMillis(retention)).Scan(&id)
 	} else {
-		err = s.queryRow(ctx, `SELECT pglock.job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-			r.job, r.instance, r.owner, r.token, sinceUS(r.ended), r.duration.Microseconds(),
-			string(r.outcome), errText, ttlMillis(retention), slotMillis(r.slot.slot), r.slot.attempt).Scan(&id)
+		err = s.queryRow(ctx, `SELECT pglock.Job_run_record($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+			r.Job, r.Instance, r.Owner, r.Token, sinceUS(r.Ended), r.Duration.Microseconds(),
+			r.Outcome, errText, ttlMillis(retention), slotMillis(r.Slot), r.Attempt).Scan(&id)
 	}
 	if err != nil {
-		return storeError(err, "record a run of %q", r.job)
+		return storeError(err, "record a run of %q", r.Job)
 	}
 	return nil
 }
@@ -61,20 +61,20 @@ type skipJSON struct {
 
 // skipsJSON is job_skips_record's skips argument, written when the driver takes its
 // Value, as sinceUS.
-type skipsJSON []skipCount
+type skipsJSON []SkipCount
 
 func (skips skipsJSON) Value() (driver.Value, error) {
 	elems := make([]skipJSON, len(skips))
 	for i, k := range skips {
-		elems[i] = skipJSON{Job: k.job, Reason: string(k.reason), Count: k.count, AgoUS: max(time.Since(k.last), 0).Microseconds()}
+		elems[i] = skipJSON{Job: k.Job, Reason: k.Reason, Count: k.Count, AgoUS: max(time.Since(k.Last), 0).Microseconds()}
 	}
 	b, err := json.Marshal(elems)
 	return string(b), err
 }
 
-func (s *postgresStore) recordSkips(ctx context.Context, instance string, skips []skipCount, retention time.Duration) error {
+func (s *postgresStore) RecordSkips(ctx context.Context, instance string, skips []SkipCount, retention time.Duration) error {
 	var written int
-	if err := s.queryRow(ctx, `SELECT pglock.job_skips_record($1, $2, $3)`, instance, skipsJSON(skips), ttlMillis(retention)).
+	if err := s.queryRow(ctx, `SELECT pglock.Job_skips_record($1, $2, $3)`, instance, skipsJSON(skips), ttlMillis(retention)).
 		Scan(&written); err != nil {
 		return storeError(err, "count skipped ticks")
 	}
@@ -98,7 +98,7 @@ type runJSON struct {
 
 func (r runJSON) run() JobRun {
 	run := JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token,
-		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: Outcome(r.Outcome),
+		Started: time.UnixMicro(r.StartedUS), Ended: time.UnixMicro(r.EndedUS), Outcome: r.Outcome,
 		Attempt: r.Attempt}
 	if r.Err != nil {
 		run.Error = *r.Err
@@ -110,16 +110,16 @@ func (r runJSON) run() JobRun {
 }
 
 // runFields is the JSON object of a run r in the reads.
-const runFields = `'job', r.job, 'instance', r.instance, 'owner', r.owner, 'token', r.fencing_token,
+const runFields = `'job', r.Job, 'instance', r.Instance, 'owner', r.Owner, 'token', r.fencing_token,
 	'started_us', round(extract(epoch FROM r.started_at) * 1000000)::bigint,
-	'ended_us', round(extract(epoch FROM r.ended_at) * 1000000)::bigint,
-	'outcome', r.outcome, 'error', r.error`
+	'ended_us', round(extract(epoch FROM r.Ended_at) * 1000000)::bigint,
+	'outcome', r.Outcome, 'error', r.Error`
 
-func (s *postgresStore) jobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
+func (s *postgresStore) JobRuns(ctx context.Context, job string, limit int) ([]JobRun, error) {
 	var out string
 	err := s.queryRow(ctx, `SELECT coalesce(json_agg(json_build_object(`+runFields+`,
 		'slot_ms', round(extract(epoch FROM r.slot) * 1000)::bigint, 'attempt', coalesce(r.attempt, 0))
-		ORDER BY r.ended_at DESC, r.id DESC), '[]')::text FROM pglock.job_run_list($1, $2) r`, job, limit).Scan(&out)
+		ORDER BY r.Ended_at DESC, r.id DESC), '[]')::text FROM pglock.Job_run_list($1, $2) r`, job, limit).Scan(&out)
 	if err != nil {
 		return nil, storeError(err, "read the runs of %q", job)
 	}
@@ -134,19 +134,19 @@ func (s *postgresStore) jobRuns(ctx context.Context, job string, limit int) ([]J
 	return runs, nil
 }
 
-func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
+func (s *postgresStore) JobStatuses(ctx context.Context) ([]JobStatus, error) {
 	var out string
 	err := s.queryRow(ctx, `SELECT json_build_object(
 		'runs', (SELECT coalesce(json_agg(json_build_object('last_failure', r.last_failure, `+runFields+`,
 			'slot_ms', x.slot_ms, 'attempt', coalesce(x.attempt, 0))), '[]')
-			FROM pglock.job_last_runs() r CROSS JOIN LATERAL pglock.job_run_slot(r.id) x),
+			FROM pglock.Job_last_runs() r CROSS JOIN LATERAL pglock.Job_run_slot(r.id) x),
 		'skips', (SELECT coalesce(json_agg(json_build_object('job', s.job, 'instance', s.instance,
 			'reason', s.reason, 'count', s.count, 'last_us', round(extract(epoch FROM s.last_at) * 1000000)::bigint)), '[]')
-			FROM pglock.job_skip_list() s),
+			FROM pglock.Job_skip_list() s),
 		'slots', (SELECT coalesce(json_agg(json_build_object('job', t.job,
 			'last_ms', round(extract(epoch FROM t.last_slot) * 1000)::bigint, 'ok', t.ok, 'failed', t.failed,
 			'running', t.running, 'lost', t.lost, 'pending', t.pending, 'retried', t.retried)), '[]')
-			FROM pglock.job_slot_stats() t))::text`).Scan(&out)
+			FROM pglock.Job_slot_stats() t))::text`).Scan(&out)
 	if err != nil {
 		return nil, storeError(err, "read the jobs")
 	}
@@ -184,7 +184,7 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 	}
 	for _, k := range v.Skips {
 		j := st.of(k.Job)
-		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: SkipReason(k.Reason), Count: k.Count,
+		j.Skips = append(j.Skips, JobSkips{Instance: k.Instance, Reason: k.Reason, Count: k.Count,
 			Last: time.UnixMicro(k.LastUS)})
 	}
 	for _, k := range v.Slots {
@@ -194,7 +194,11 @@ func (s *postgresStore) jobStatuses(ctx context.Context) ([]JobStatus, error) {
 	return st.sorted(), nil
 }
 
-// memoryHistory is the memory store's history: at most maxJobRuns runs a job, pruned
+// MaxJobRuns is the most runs JobRuns returns, and the most runs of a job the memory
+// store keeps.
+const MaxJobRuns = 1000
+
+// memoryHistory is the memory store's history: at most MaxJobRuns runs a job, pruned
 // by retention as they are recorded. Its zero value is ready.
 type memoryHistory struct {
 	mu    sync.Mutex
@@ -204,30 +208,30 @@ type memoryHistory struct {
 
 type memorySkipKey struct {
 	job, instance string
-	reason        SkipReason
+	reason        string
 }
 
-func (s *memoryStore) recordRun(_ context.Context, r runRecord, retention time.Duration) error {
+func (s *memoryStore) RecordRun(_ context.Context, r RunRecord, retention time.Duration) error {
 	now := s.clock.Now()
-	ended := now.Add(-max(time.Since(r.ended), 0))
-	run := JobRun{Job: r.job, Instance: r.instance, Owner: r.owner, Token: r.token, Started: ended.Add(-r.duration),
-		Ended: ended, Outcome: r.outcome, Error: r.err, Slot: r.slot.slot, Attempt: r.slot.attempt}
+	ended := now.Add(-max(time.Since(r.Ended), 0))
+	run := JobRun{Job: r.Job, Instance: r.Instance, Owner: r.Owner, Token: r.Token, Started: ended.Add(-r.Duration),
+		Ended: ended, Outcome: r.Outcome, Error: r.Err, Slot: r.Slot, Attempt: r.Attempt}
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.runs == nil {
 		h.runs = make(map[string][]JobRun)
 	}
-	runs := append(h.runs[r.job], run)
+	runs := append(h.runs[r.Job], run)
 	cut := 0
-	for cut < len(runs) && (len(runs)-cut > maxJobRuns || runs[cut].Ended.Before(now.Add(-retention))) {
+	for cut < len(runs) && (len(runs)-cut > MaxJobRuns || runs[cut].Ended.Before(now.Add(-retention))) {
 		cut++
 	}
-	h.runs[r.job] = runs[cut:]
+	h.runs[r.Job] = runs[cut:]
 	return nil
 }
 
-func (s *memoryStore) recordSkips(_ context.Context, instance string, skips []skipCount, retention time.Duration) error {
+func (s *memoryStore) RecordSkips(_ context.Context, instance string, skips []SkipCount, retention time.Duration) error {
 	now := s.clock.Now()
 	h := &s.history
 	h.mu.Lock()
@@ -236,11 +240,11 @@ func (s *memoryStore) recordSkips(_ context.Context, instance string, skips []sk
 		h.skips = make(map[memorySkipKey]JobSkips)
 	}
 	for _, k := range skips {
-		key := memorySkipKey{k.job, instance, k.reason}
+		key := memorySkipKey{k.Job, instance, k.Reason}
 		j := h.skips[key]
-		j.Instance, j.Reason = instance, k.reason
-		j.Count += k.count
-		if last := now.Add(-max(time.Since(k.last), 0)); last.After(j.Last) {
+		j.Instance, j.Reason = instance, k.Reason
+		j.Count += k.Count
+		if last := now.Add(-max(time.Since(k.Last), 0)); last.After(j.Last) {
 			j.Last = last
 		}
 		h.skips[key] = j
@@ -253,7 +257,7 @@ func (s *memoryStore) recordSkips(_ context.Context, instance string, skips []sk
 	return nil
 }
 
-func (s *memoryStore) jobRuns(_ context.Context, job string, limit int) ([]JobRun, error) {
+func (s *memoryStore) JobRuns(_ context.Context, job string, limit int) ([]JobRun, error) {
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -265,7 +269,7 @@ func (s *memoryStore) jobRuns(_ context.Context, job string, limit int) ([]JobRu
 	return out, nil
 }
 
-func (s *memoryStore) jobStatuses(context.Context) ([]JobStatus, error) {
+func (s *memoryStore) JobStatuses(context.Context) ([]JobStatus, error) {
 	h := &s.history
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -290,6 +294,20 @@ func (s *memoryStore) jobStatuses(context.Context) ([]JobStatus, error) {
 	return st.sorted(), nil
 }
 
+// WithRegistrations returns jobs with the registrations of jobs regs added, a job that
+// only regs know listed too, sorted by job (see pglock.Client.JobStatuses).
+func WithRegistrations(jobs []JobStatus, regs []RegistryRow) []JobStatus {
+	st := make(statuses, len(jobs))
+	for _, j := range jobs {
+		st[j.Job] = &j
+	}
+	for _, r := range regs {
+		j := st.of(r.Key)
+		j.Registrations = append(j.Registrations, r.Registration)
+	}
+	return st.sorted()
+}
+
 // statuses gathers JobStatus values by job.
 type statuses map[string]*JobStatus
 
@@ -306,7 +324,7 @@ func (st statuses) sorted() []JobStatus {
 	out := make([]JobStatus, 0, len(st))
 	for _, j := range st {
 		slices.SortFunc(j.Skips, func(a, b JobSkips) int {
-			return cmp.Or(strings.Compare(a.Instance, b.Instance), strings.Compare(string(a.Reason), string(b.Reason)))
+			return cmp.Or(strings.Compare(a.Instance, b.Instance), strings.Compare(a.Reason, b.Reason))
 		})
 		out = append(out, *j)
 	}
