@@ -435,7 +435,9 @@ func unmigratedDatabase(t *testing.T) string {
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// A DROP DATABASE waits for a checkpoint, which takes long on a loaded machine:
+		// the deadline of internal/testdb's drops.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
