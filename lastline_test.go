@@ -162,13 +162,14 @@ func TestSQLReleasesOfPermitsAndAForceReleaseNeverDeadlock(t *testing.T) {
 		_, err := admin.Exec(ctx, "SELECT * FROM pglock.sem_acquire('s', $1, 60000, 2)", owner)
 		require.NoError(t, err)
 	}
-	var ticket int64
-	require.NoError(t, admin.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('s', 'w', 60000, 2)").Scan(&ticket))
-	require.Positive(t, ticket)
-
+	// The sessions first: a waiter not seen for a second is dead, and connecting on a
+	// loaded machine can take that long.
 	poller, _ := session(t, dbURL)
 	releaser, releaserPID := session(t, dbURL)
 	breaker, breakerPID := session(t, dbURL)
+	var ticket int64
+	require.NoError(t, admin.QueryRow(ctx, "SELECT ticket FROM pglock.queue_acquire('s', 'w', 60000, 2)").Scan(&ticket))
+	require.Positive(t, ticket)
 	tx, err := poller.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "SELECT * FROM pglock.queue_poll('s', $1)", ticket)
