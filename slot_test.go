@@ -233,7 +233,8 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 	}
 
 	const ttl = 500 * time.Millisecond
-	opts := []pglock.JobOption{pglock.Every(time.Minute), pglock.AtLeastOnce(3, 0)}
+	// Hourly: both attempts stand for the same slot unless the test straddles an hour.
+	opts := []pglock.JobOption{pglock.Every(time.Hour), pglock.AtLeastOnce(3, 0)}
 	var runs slotRuns
 	stopped := pglocktest.NewManualClock(time.Now())
 	dead := newPoolClient(t, pool, pglock.WithInstanceName("dead"), pglock.TTL(ttl), pglock.WithClock(stopped))
@@ -258,6 +259,8 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 		return err
 	}), opts...)
 	require.NoError(t, err)
+	var resumed sync.Once // a test that fails before it resumes the dead attempt lets it end, or Close would wait for it
+	t.Cleanup(func() { resumed.Do(func() { close(resume) }) })
 
 	deadRun := make(chan error, 1)
 	go func() { deadRun <- deadJob.Run(ctx) }()
@@ -269,7 +272,7 @@ func TestSlotAtLeastOnceRunsAgainElsewhereWhenItsHolderDies(t *testing.T) {
 	require.Equal(t, all[0].slot, all[1].slot, "the same slot")
 	require.Greater(t, all[1].token, all[0].token)
 
-	close(resume) // the dead attempt's process runs again, and writes
+	resumed.Do(func() { close(resume) }) // the dead attempt's process runs again, and writes
 	require.Zero(t, receive(t, lateWrite, "the dead attempt's write"), "a dead attempt's fenced write landed")
 	var rows, logged int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT rows, (SELECT count(*) FROM export_log) FROM exports WHERE id = 1").Scan(&rows, &logged))
