@@ -93,21 +93,22 @@ func TestSlotRunsOnceWhenTimersFireFortyPercentOfTheTTLApart(t *testing.T) {
 	t.Parallel()
 	pool := pglocktest.Postgres(t)
 	const ttl = time.Second
+	const every = 3 * slotEvery // a round's three runs and 40% of the ttl, well within one slot on a loaded machine
 	var runs slotRuns
 	var jobs []*pglock.Job
 	for _, name := range []string{"early", "late"} {
 		c := newPoolClient(t, pool, pglock.WithInstanceName(name), pglock.TTL(ttl))
-		j, err := c.Job("reports:hourly", runs.fn(name, nil), pglock.Every(slotEvery), pglock.WithoutOverlapping())
+		j, err := c.Job("reports:hourly", runs.fn(name, nil), pglock.Every(every), pglock.WithoutOverlapping())
 		require.NoError(t, err)
 		jobs = append(jobs, j)
 	}
 	var events eventLog
 	late := newPoolClient(t, pool, pglock.WithInstanceName("late-2"), pglock.TTL(ttl), pglock.WithEventHandler(events.record))
-	lateJob, err := late.Job("reports:hourly", runs.fn("late-2", nil), pglock.Every(slotEvery), pglock.WithoutOverlapping())
+	lateJob, err := late.Job("reports:hourly", runs.fn("late-2", nil), pglock.Every(every), pglock.WithoutOverlapping())
 	require.NoError(t, err)
 
 	for range 2 {
-		slot := awaitSlot(t, pool, slotEvery, 20*time.Millisecond)
+		slot := awaitSlot(t, pool, every, 20*time.Millisecond)
 		require.NoError(t, jobs[0].Run(t.Context()))
 		time.Sleep(ttl * 4 / 10) // the other timer, 40% of the ttl later
 		require.NoError(t, jobs[1].Run(t.Context()))
