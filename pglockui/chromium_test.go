@@ -42,7 +42,7 @@ func chromiumPath() (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("no Chromium found (tried %q and $%s): install Debian's chromium (.ci/browser does)", chromiumNames, chromiumEnv)
+	return "", fmt.Errorf("no Chromium found (tried %q and $%s): install Debian's chromium (.ci/packages does)", chromiumNames, chromiumEnv)
 }
 
 // startBrowser starts the package's browser once.
