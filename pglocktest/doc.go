@@ -2,15 +2,19 @@
 //
 // # A database per test
 //
-// Postgres returns a pool on a fresh database with the pglock schema, closed when the
-// test ends; PostgresURL returns the database's URL instead, for code that opens its
-// own connections, and Pool opens another pool on it, for a second instance of an
-// application. Tests never share a database, so they may run in parallel. Each
-// database is copied from a template that is migrated once per server and schema
-// version (CREATE DATABASE … TEMPLATE), so a test costs a copy, not a migration. It is
-// dropped once its test has ended, in the background (a DROP DATABASE waits for a
-// checkpoint, which the test need not wait for): the last test of the process using
-// the server waits for the drops.
+// Postgres returns a pool on a database of the test's own with the pglock schema and
+// no rows, closed when the test ends; PostgresURL returns the database's URL instead,
+// for code that opens its own connections, and Pool opens another pool on it, for a
+// second instance of an application. No two tests use a database at once, so they may
+// run in parallel. A database is first copied from a template that is migrated once
+// per server and schema version (CREATE DATABASE … TEMPLATE), so a test costs a copy,
+// not a migration. When its test ends, a database with no session left on it and the
+// catalog its copy had (no table, column, function, grant or setting of the test's) is
+// emptied (its tables truncated, its sequences restarted, its statistics reset) and
+// given to the process's next test: a copy costs the server about half a second, the
+// emptying tens of milliseconds. Any other database is dropped in the background (a
+// DROP DATABASE waits for a checkpoint, which the test need not wait for); the last
+// test of the process using the server drops the kept ones and waits for the drops.
 //
 // The server is the one in PGLOCK_TEST_DATABASE_URL (DatabaseURLEnv) when it is set,
 // else the one the libpq defaults reach (PGHOST, PGPORT, PGUSER, the local socket) if

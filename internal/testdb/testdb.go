@@ -1,6 +1,8 @@
 // Package testdb makes the databases of the module's tests, on one PostgreSQL server
 // per process: each a copy of a template that is migrated once per server and schema
-// version, and dropped in the background once its test has ended.
+// version. When its test ends, a database whose catalog is still the template's is
+// emptied and kept for the process's next test (see reuse.go); any other is dropped
+// in the background.
 // pglocktest.PostgresURL is its face for users; the root package's internal tests,
 // which cannot import pglocktest (it imports the root package), call it directly.
 package testdb
@@ -53,7 +55,6 @@ func URL(t testing.TB, s Schema) string {
 	}
 	t.Cleanup(func() { server.release(t) })
 
-	name := "pglock_test_" + randomHex(6)
 	admin, err := pgx.Connect(ctx, srv.URL)
 	if err != nil {
 		t.Fatalf("pglocktest: connect to %s: %v", srv.How, err)
@@ -63,14 +64,25 @@ func URL(t testing.TB, s Schema) string {
 	if err != nil {
 		t.Fatalf("pglocktest: %v", err)
 	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+template); err != nil {
-		t.Fatalf("pglocktest: create database: %v", err)
+	name, ok := server.take()
+	if !ok {
+		name = "pglock_test_" + randomHex(6)
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+template); err != nil {
+			t.Fatalf("pglocktest: create database: %v", err)
+		}
 	}
 	dbURL, err := devdb.WithDatabase(srv.URL, name)
 	if err != nil {
 		t.Fatalf("pglocktest: %v", err)
 	}
-	t.Cleanup(func() { server.drop(srv.URL, name, t.Name()) })
+	if err := server.learn(ctx, dbURL); err != nil {
+		t.Fatalf("pglocktest: %v", err)
+	}
+	t.Cleanup(func() {
+		if !server.giveBack(srv.URL, dbURL, name) {
+			server.drop(srv.URL, name, t.Name())
+		}
+	})
 	return dbURL
 }
 
@@ -82,7 +94,9 @@ type sharedServer struct {
 	mu    sync.Mutex
 	srv   *devdb.Server
 	users int
-	tpl   string // the template database on srv, once known
+	tpl   string   // the template database on srv, once known
+	fresh *state   // the catalog and rows of a copy of tpl, once known
+	free  []string // databases emptied by giveBack, for the next tests
 
 	drops    sync.WaitGroup // the drops under way
 	dropping chan struct{}  // a token per drop running: dropConns at most
@@ -117,6 +131,10 @@ func (s *sharedServer) release(t testing.TB) {
 	if s.users--; s.users > 0 {
 		return
 	}
+	for _, name := range s.free {
+		s.drop(s.srv.URL, name, "the tests before it")
+	}
+	s.free = nil
 	s.drops.Wait()
 	s.dropMu.Lock()
 	for _, err := range s.dropErrs {
@@ -127,6 +145,7 @@ func (s *sharedServer) release(t testing.TB) {
 	_ = s.srv.Stop()
 	s.srv = nil
 	s.tpl = ""
+	s.fresh = nil
 }
 
 // drop drops the database name of test on a goroutine of its own, at once: a DROP
