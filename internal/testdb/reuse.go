@@ -28,7 +28,9 @@ type state struct {
 // that a later test could meet: schemas, relations, columns, functions, triggers,
 // constraints, types, sequences' definitions, rules, policies, the database's settings,
 // limits and privileges, default privileges, extensions, event triggers, publications,
-// large objects and prepared transactions. Temporary schemas are left out: a session's
+// large objects, prepared transactions, comments and security labels, and the count of
+// the rarer objects (operators, collations, casts, languages, statistics, foreign
+// servers ...). Temporary schemas are left out: a session's
 // pg_temp_N stays after it, empty.
 const catalogQuery = `WITH ns AS (
 	SELECT oid, nspname FROM pg_namespace
@@ -64,6 +66,18 @@ SELECT md5(coalesce(string_agg(x, E'\n' ORDER BY x), '')) FROM (
 	UNION ALL SELECT format('P %s', pubname) FROM pg_publication
 	UNION ALL SELECT format('L %s', count(*)) FROM pg_largeobject_metadata
 	UNION ALL SELECT format('X %s', gid) FROM pg_prepared_xacts WHERE database = current_database()
+	UNION ALL SELECT format('C %s %s %s %s', classoid, objoid, objsubid, md5(description)) FROM pg_description
+		WHERE objoid >= 16384
+	UNION ALL SELECT format('l %s %s %s', classoid, objoid, label) FROM pg_seclabel
+	UNION ALL SELECT format('u %s', ARRAY[
+		(SELECT count(*) FROM pg_operator WHERE oid >= 16384), (SELECT count(*) FROM pg_collation WHERE oid >= 16384),
+		(SELECT count(*) FROM pg_opclass WHERE oid >= 16384), (SELECT count(*) FROM pg_opfamily WHERE oid >= 16384),
+		(SELECT count(*) FROM pg_cast WHERE oid >= 16384), (SELECT count(*) FROM pg_language WHERE oid >= 16384),
+		(SELECT count(*) FROM pg_am WHERE oid >= 16384), (SELECT count(*) FROM pg_conversion WHERE oid >= 16384),
+		(SELECT count(*) FROM pg_ts_config WHERE oid >= 16384), (SELECT count(*) FROM pg_ts_dict WHERE oid >= 16384),
+		(SELECT count(*) FROM pg_statistic_ext), (SELECT count(*) FROM pg_transform),
+		(SELECT count(*) FROM pg_foreign_data_wrapper), (SELECT count(*) FROM pg_foreign_server),
+		(SELECT count(*) FROM pg_user_mapping)])
 ) s(x)`
 
 // migrationsQuery lists the rows of pglock.schema_migrations, "" without the table.
