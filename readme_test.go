@@ -155,7 +155,7 @@ func TestReadmeCommands(t *testing.T) {
 	require.NoError(t, err)
 	for _, cmd := range []string{
 		"go run ./example/tryit",
-		"go vet ./... && go test -race -count=1 ./...",
+		"go vet -race ./... && go test -race -count=1 ./...",
 	} {
 		require.Regexp(t, "(?m)^"+regexp.QuoteMeta(cmd)+" ", string(text))
 	}
