@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgfence/pglock/internal/testkit"
 )
 
 // misplacedOptions are calls given an option that does not fit them, each with what the
@@ -161,7 +163,7 @@ func buildAgainstPglock(t *testing.T, files map[string]string) map[string]string
 		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644))
 	}
-	cmd := exec.CommandContext(t.Context(), goTool, "build", "-json", "./...")
+	cmd := exec.CommandContext(t.Context(), goTool, append(append([]string{"build"}, testkit.RaceFlags...), "-json", "./...")...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod -buildvcs=false", "GOPROXY=off", "GOWORK=off", "GOTOOLCHAIN=local")
 	var stderr bytes.Buffer

@@ -23,6 +23,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -76,7 +77,7 @@ func TestReadmeGoBlocksCompile(t *testing.T) {
 	dir, err := os.MkdirTemp(".", "_readme_blocks_")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, os.RemoveAll(dir)) })
-	args := []string{"vet"}
+	args := append([]string{"vet"}, testkit.RaceFlags...)
 	for i, b := range blocks {
 		var src string
 		if strings.HasPrefix(b.code, "package ") {
@@ -275,7 +276,8 @@ func buildReadmeProgram(t *testing.T, goTool, heading string) string {
 	src := fmt.Sprintf("//line %s:%d\n%s", readme, block.line, block.code)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(src), 0o644))
 	bin := filepath.Join(t.TempDir(), "program")
-	out, err := exec.Command(goTool, "build", "-o", bin, "./"+filepath.ToSlash(dir)).CombinedOutput()
+	args := append(append([]string{"build"}, testkit.RaceFlags...), "-o", bin, "./"+filepath.ToSlash(dir))
+	out, err := exec.Command(goTool, args...).CombinedOutput()
 	require.NoError(t, err, "README.md's section %q does not build:\n%s", heading, out)
 	return bin
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -66,7 +67,7 @@ func buildAndRun(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binary = filepath.Join(dir, "pglock")
-	build := exec.Command("go", "build", "-o", binary, ".")
+	build := exec.Command("go", append(append([]string{"build"}, testkit.RaceFlags...), "-o", binary, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build pglock:", err)

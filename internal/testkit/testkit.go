@@ -1,7 +1,8 @@
 // Package testkit holds what the module's tests share across packages that cannot
 // import one another: a clock that moves only when told to (pglocktest.ManualClock
 // for users, and the renewer's own tests, which pglocktest's import of pglock keeps
-// from importing it) and a log buffer safe for concurrent use.
+// from importing it), a log buffer safe for concurrent use, and the build flags of the
+// programs tests build (RaceFlags).
 package testkit
 
 import (
