@@ -19,7 +19,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock/example/shop"
-	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -134,7 +133,7 @@ func walk(t *testing.T) (o options, out *outBuffer, kept string, ok bool, err er
 	require.NoError(t, err)
 	out = &outBuffer{}
 	o = options{serverURL: dbURL, database: strings.TrimPrefix(u.Path, "/"), ttl: 3 * time.Second, every: 2 * time.Second,
-		basePort: freePorts(t), keep: true, buildFlags: testkit.RaceFlags}
+		basePort: freePorts(t), keep: true, buildFlags: raceFlags}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	keptCh := make(chan string, 1) // what the kept instances answered, then Ctrl+C
