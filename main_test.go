@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgfence/pglock"
 	"github.com/pgfence/pglock/internal/devdb"
+	"github.com/pgfence/pglock/internal/testkit"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -25,6 +26,7 @@ import (
 // once, and gives the examples what a user's environment would give them: DATABASE_URL,
 // here naming a fresh database with the pglock schema.
 func TestMain(m *testing.M) {
+	testkit.NoExitSleep() // README's programs, built with -race when the tests are
 	goleak.VerifyTestMain(withExampleDatabase{m})
 }
 

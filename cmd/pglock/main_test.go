@@ -56,6 +56,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	testkit.NoExitSleep() // the tests run the CLI hundreds of times
 	os.Exit(buildAndRun(m))
 }
 
