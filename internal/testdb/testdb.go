@@ -55,20 +55,10 @@ func URL(t testing.TB, s Schema) string {
 	}
 	t.Cleanup(func() { server.release(t) })
 
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		t.Fatalf("pglocktest: connect to %s: %v", srv.How, err)
-	}
-	defer admin.Close(context.WithoutCancel(ctx))
-	template, err := server.template(ctx, admin, srv.URL, s)
-	if err != nil {
-		t.Fatalf("pglocktest: %v", err)
-	}
-	name, ok := server.take()
+	name, ok := server.take() // a database an earlier test left, emptied: no copy, no admin session
 	if !ok {
-		name = "pglock_test_" + randomHex(6)
-		if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+template); err != nil {
-			t.Fatalf("pglocktest: create database: %v", err)
+		if name, err = server.create(ctx, srv, s); err != nil {
+			t.Fatalf("pglocktest: %v", err)
 		}
 	}
 	dbURL, err := devdb.WithDatabase(srv.URL, name)
@@ -84,6 +74,24 @@ func URL(t testing.TB, s Schema) string {
 		}
 	})
 	return dbURL
+}
+
+// create copies the template of schema s on srv into a new database and returns its name.
+func (s *sharedServer) create(ctx context.Context, srv *devdb.Server, schema Schema) (string, error) {
+	admin, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		return "", fmt.Errorf("connect to %s: %w", srv.How, err)
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+	template, err := s.template(ctx, admin, srv.URL, schema)
+	if err != nil {
+		return "", err
+	}
+	name := "pglock_test_" + randomHex(6)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+template); err != nil {
+		return "", fmt.Errorf("create database: %w", err)
+	}
+	return name, nil
 }
 
 // server is the process's PostgreSQL server, found once; an embedded one is stopped
