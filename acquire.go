@@ -78,7 +78,7 @@ type target struct {
 
 // undoKey is the key to hand back for an acquisition of t that answered r, or may have
 // been granted without an answer: a permit's row key, or, when the permit's number is
-// not known, the semaphore's key followed by U+001F (see handBacks.release).
+// not known, the semaphore's key followed by U+001F (see handback.Queue).
 func (t target) undoKey(r acquireReply) string {
 	switch {
 	case t.permits == 0:
@@ -263,7 +263,7 @@ func (c *Client) tryFrom(ctx context.Context, t target, ttl time.Duration, start
 		if mayHaveReached(err) {
 			// The statement may have been granted after ctx ended or the link failed:
 			// never leave the key held by an owner nobody knows for a whole ttl.
-			c.undoAcquire(t.undoKey(r), owner, ttl)
+			c.handBacks.Add(t.undoKey(r), owner, ttl)
 		}
 		return nil, err
 	case !ok && t.permits > 0:
@@ -289,12 +289,12 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 	switch {
 	case token <= 0:
 		// Hand it back rather than hold a lock that cannot fence anything.
-		c.undoAcquire(undo, owner, ttl)
+		c.handBacks.Add(undo, owner, ttl)
 		return nil, fmt.Errorf("%w: %d for key %q", ErrInvalidToken, token, key)
 	case !repliedAt.Before(renewer.Deadline(sentAt, ttl)):
 		// The reply came so late (a partition, a stalled process) that the lock may
 		// already be someone else's: it cannot be trusted for a moment.
-		c.undoAcquire(undo, owner, ttl)
+		c.handBacks.Add(undo, owner, ttl)
 		return nil, fmt.Errorf("%w: key %q: the store's confirmation came after the lock's ttl",
 			ErrNotAcquired, key)
 	}
@@ -306,7 +306,7 @@ func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, 
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		c.undoAcquire(l.entry.Key, owner, ttl)
+		c.handBacks.Add(l.entry.Key, owner, ttl)
 		l.cancel(ErrClosed)
 		return nil, ErrClosed
 	}
@@ -370,7 +370,7 @@ type acquireReply struct {
 // acquireCall makes an acquisition's store call on a context of its own, detached from
 // ctx. When ctx ends first, acquireCall returns at once with abandoned true, and the call
 // goes on to its reply, storeTimeout at most: a grant, or a failure after the call may
-// have reached the server, is then undone (undoAcquire), and Close waits for that. The
+// have reached the server, is then handed back (handback.Queue), and Close waits for that. The
 // reply comes on the call's own connection, which stays open: pgx closes the connection
 // of a statement whose ctx ends, and the release would then wait for a new one, on a
 // loaded machine past the grant's expiry. But a call still waiting for a connection of
@@ -398,9 +398,9 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 		}
 		stop()
 		if (r.err == nil && r.ok) || (r.err != nil && mayHaveReached(r.err)) {
-			c.undoAcquire(t.undoKey(r), owner, ttl)
+			c.handBacks.Add(t.undoKey(r), owner, ttl)
 		}
-		h.awaiting.Done()
+		h.Done()
 	}()
 	select {
 	case r = <-replies:
@@ -408,14 +408,14 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 	case <-ctx.Done():
 	}
 	timeout := time.AfterFunc(store.Timeout, cancel)
-	if h.await() {
-		unclose := context.AfterFunc(h.ctx, cancel) // Close gave up waiting
+	if h.Await() {
+		unclose := h.AfterGiveUp(cancel) // Close gave up waiting
 		stop = func() { timeout.Stop(); unclose() }
 		if taken.CompareAndSwap(false, true) {
 			return r, true
 		}
 		stop()
-		h.awaiting.Done()
+		h.Done()
 	}
 	// The reply is in, or Close is handing back already: wait for it here.
 	r = <-replies

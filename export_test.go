@@ -25,4 +25,4 @@ func OwnIdleConns(c *Client) int32 {
 }
 
 // UndoAcquire hands key back for owner, as c does for an acquisition abandoned in flight.
-func UndoAcquire(c *Client, key, owner string, ttl time.Duration) { c.undoAcquire(key, owner, ttl) }
+func UndoAcquire(c *Client, key, owner string, ttl time.Duration) { c.handBacks.Add(key, owner, ttl) }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgfence/pglock/internal/handback"
 	"github.com/pgfence/pglock/internal/renewer"
 	"github.com/pgfence/pglock/internal/store"
 )
@@ -41,7 +42,7 @@ type Client struct {
 	keys     map[string]string     // registered job and election keys: what each one is
 	closers  []func(ctx context.Context) error
 
-	handBacks *handBacks // releases of what failed acquisitions may have been granted
+	handBacks *handback.Queue // releases of what failed acquisitions may have been granted
 }
 
 // New returns a Client whose locks live in the PostgreSQL database of pool, which must
@@ -102,13 +103,13 @@ func newClient(s *Store, callName string, opts []ClientOption) (*Client, error) 
 		cfg.listen = nil
 	}
 	c.renewals = store.NewRenewals(s.s)
-	c.handBacks = newHandBacks(st, cfg.logger)
+	releaseMany, renewals := st.ReleaseMany, renewer.Store(st)
 	c.release = st.Release
-	var renewals renewer.Store = st
 	if c.renewals.Active() {
 		own := store.ObserveRenewals(c.renewals, c.health.calls)
-		c.handBacks.many, c.release, renewals = own.ReleaseMany, own.Release, own
+		releaseMany, c.release, renewals = own.ReleaseMany, own.Release, own
 	}
+	c.handBacks = handback.New(handback.Config{ReleaseMany: releaseMany, Logger: cfg.logger})
 	c.listener = newListener(cfg.listen, st, cfg.logger, c.connectionsBack)
 	c.history = store.NewHistory(st, cfg.logger, cfg.instance, cfg.runRetention)
 	c.registry = store.NewRegistry(st, cfg.logger, cfg.instance)
@@ -314,7 +315,7 @@ func (c *Client) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	errs = append(errs, c.handBacks.close(ctx), c.history.Close(ctx), c.registry.Close(ctx), c.renewer.Close(ctx), c.renewals.Close(ctx), c.events.close(ctx))
+	errs = append(errs, c.handBacks.Close(ctx), c.history.Close(ctx), c.registry.Close(ctx), c.renewer.Close(ctx), c.renewals.Close(ctx), c.events.close(ctx))
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}

@@ -204,25 +204,25 @@ func (q *fairWaiter) step(ctx context.Context) (int, int64, error) {
 
 // leave takes the waiter out of the queue on a detached context, passing on a grant it
 // had; Close waits for it. A poll or a queue_acquire whose reply was lost may have
-// given it the key: that is handed back (undoAcquire).
+// given it the key: that is handed back (handback.Queue).
 func (q *fairWaiter) leave() {
 	// What a lost reply may have given it: its key, or a permit whose number it does
 	// not know (handed back by owner).
 	undo := q.t.undoKey(acquireReply{})
 	if q.ticket == 0 {
 		if q.unsure {
-			q.c.undoAcquire(undo, q.owner, q.ttl)
+			q.c.handBacks.Add(undo, q.owner, q.ttl)
 		}
 		return
 	}
-	if h := q.c.handBacks; h.await() {
-		defer h.awaiting.Done()
+	if h := q.c.handBacks; h.Await() {
+		defer h.Done()
 	}
 	ctx, cancel := detached(context.Background())
 	defer cancel()
 	left, err := q.b.QueueLeave(ctx, q.t.key, q.ticket)
 	q.ticket = 0
 	if err != nil || !left {
-		q.c.undoAcquire(undo, q.owner, q.ttl)
+		q.c.handBacks.Add(undo, q.owner, q.ttl)
 	}
 }

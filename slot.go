@@ -346,7 +346,7 @@ func (s *slotted) take(ctx context.Context, slot time.Time, call func(ctx contex
 		return store.SlotClaimReply{}, nil, fmt.Errorf("pglock: claim %q: %w", key, context.Cause(ctx))
 	case ar.err != nil:
 		if mayHaveReached(ar.err) {
-			c.undoAcquire(key, owner, s.j.ttl)
+			c.handBacks.Add(key, owner, s.j.ttl)
 		}
 		return reply, nil, ar.err
 	case !ar.ok:
