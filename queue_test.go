@@ -547,6 +547,10 @@ func TestQueueingWaitersDoNotWaitForEachOtherAndAReleaseWaitsForThem(t *testing.
 	var released bool
 	requireSQLState(t, withLockTimeout("SELECT pglock.lock_release('k', 'holder')", &released), "55P03") // lock_not_available
 	require.NoError(t, first.Commit(ctx))
+	// first is alive: it polls, as a live waiter does every second at most. Unpolled, a
+	// loaded machine's second since it queued made the release skip it as dead.
+	_, err = pool.Exec(ctx, "SELECT FROM pglock.queue_poll('k', $1)", firstTicket)
+	require.NoError(t, err)
 	require.NoError(t, withLockTimeout("SELECT pglock.lock_release('k', 'holder')", &released))
 	require.True(t, released)
 	var owner string
