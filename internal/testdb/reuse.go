@@ -151,16 +151,16 @@ func (s *sharedServer) learn(ctx context.Context, databaseURL string) error {
 	return nil
 }
 
-// giveBack empties the database name, at databaseURL on the server at serverURL, and
-// keeps it for a later test, when no session is left on it and its state is a fresh
-// copy's. It reports whether it did; the caller drops a database it did not keep.
-func (s *sharedServer) giveBack(serverURL, databaseURL, name string) bool {
+// giveBack empties the database name, at databaseURL, and keeps it for a later test,
+// when no other session is left on it and its state is a fresh copy's. It reports
+// whether it did; the caller drops a database it did not keep.
+func (s *sharedServer) giveBack(databaseURL, name string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s.mu.Lock()
 	fresh := s.fresh
 	s.mu.Unlock()
-	if fresh == nil || !sessionsGone(ctx, serverURL, name) {
+	if fresh == nil {
 		return false
 	}
 	conn, err := pgx.Connect(ctx, databaseURL)
@@ -168,6 +168,9 @@ func (s *sharedServer) giveBack(serverURL, databaseURL, name string) bool {
 		return false
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if !sessionsGone(ctx, conn) {
+		return false
+	}
 	if st, err := readState(ctx, conn); err != nil || st != *fresh {
 		return false
 	}
@@ -183,18 +186,13 @@ func (s *sharedServer) giveBack(serverURL, databaseURL, name string) bool {
 	return true
 }
 
-// sessionsGone waits up to a second for the sessions on database name to end (a
-// session a client closed may take a moment to leave pg_stat_activity), and reports
+// sessionsGone waits up to a second for the other sessions on conn's database to end
+// (a session a client closed may take a moment to leave pg_stat_activity), and reports
 // whether they did.
-func sessionsGone(ctx context.Context, serverURL, name string) bool {
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		return false
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+func sessionsGone(ctx context.Context, conn *pgx.Conn) bool {
 	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var n int
-		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").Scan(&n); err != nil {
 			return false
 		}
 		if n == 0 {

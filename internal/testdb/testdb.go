@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgfence/pglock/internal/devdb"
 )
@@ -57,7 +58,7 @@ func URL(t testing.TB, s Schema) string {
 
 	name, ok := server.take() // a database an earlier test left, emptied: no copy, no admin session
 	if !ok {
-		if name, err = server.create(ctx, srv, s); err != nil {
+		if name, err = server.create(ctx, s); err != nil {
 			t.Fatalf("pglocktest: %v", err)
 		}
 	}
@@ -69,20 +70,25 @@ func URL(t testing.TB, s Schema) string {
 		t.Fatalf("pglocktest: %v", err)
 	}
 	t.Cleanup(func() {
-		if !server.giveBack(srv.URL, dbURL, name) {
-			server.drop(srv.URL, name, t.Name())
+		if !server.giveBack(dbURL, name) {
+			server.drop(name, t.Name())
 		}
 	})
 	return dbURL
 }
 
-// create copies the template of schema s on srv into a new database and returns its name.
-func (s *sharedServer) create(ctx context.Context, srv *devdb.Server, schema Schema) (string, error) {
-	admin, err := pgx.Connect(ctx, srv.URL)
+// create copies the template of schema s on the server into a new database and returns
+// its name.
+func (s *sharedServer) create(ctx context.Context, schema Schema) (string, error) {
+	s.mu.Lock()
+	srv, pool := s.srv, s.admin
+	s.mu.Unlock()
+	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return "", fmt.Errorf("connect to %s: %w", srv.How, err)
 	}
-	defer admin.Close(context.WithoutCancel(ctx))
+	defer conn.Release()
+	admin := conn.Conn()
 	template, err := s.template(ctx, admin, srv.URL, schema)
 	if err != nil {
 		return "", err
@@ -101,6 +107,7 @@ var server sharedServer
 type sharedServer struct {
 	mu    sync.Mutex
 	srv   *devdb.Server
+	admin *pgxpool.Pool // on srv's own database: copies and drops, without a connection each
 	users int
 	tpl   string   // the template database on srv, once known
 	fresh *state   // the catalog and rows of a copy of tpl, once known
@@ -117,6 +124,15 @@ type sharedServer struct {
 // and the tests count their connections against the server's max_connections.
 const dropConns = 8
 
+// adminConns bounds the admin pool: the drops and a few copies at once. Its idle
+// connections close after adminIdle. A connection per copy and per drop was a
+// tenth of the connections a run of the root package made, each a backend forked and
+// set up (a third of the server's CPU in that run went to starting and ending backends).
+const (
+	adminConns = dropConns + 4
+	adminIdle  = time.Second
+)
+
 func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -125,7 +141,18 @@ func (s *sharedServer) acquire(ctx context.Context) (*devdb.Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.srv = srv
+		cfg, err := pgxpool.ParseConfig(srv.URL)
+		if err != nil {
+			_ = srv.Stop()
+			return nil, err
+		}
+		cfg.MaxConns, cfg.MaxConnIdleTime = adminConns, adminIdle
+		admin, err := pgxpool.NewWithConfig(context.WithoutCancel(ctx), cfg)
+		if err != nil {
+			_ = srv.Stop()
+			return nil, err
+		}
+		s.srv, s.admin = srv, admin
 	}
 	s.users++
 	return s.srv, nil
@@ -140,7 +167,7 @@ func (s *sharedServer) release(t testing.TB) {
 		return
 	}
 	for _, name := range s.free {
-		s.drop(s.srv.URL, name, "the tests before it")
+		s.dropOn(s.admin, name, "the tests before it")
 	}
 	s.free = nil
 	s.drops.Wait()
@@ -150,8 +177,9 @@ func (s *sharedServer) release(t testing.TB) {
 	}
 	s.dropErrs = nil
 	s.dropMu.Unlock()
+	s.admin.Close()
 	_ = s.srv.Stop()
-	s.srv = nil
+	s.srv, s.admin = nil, nil
 	s.tpl = ""
 	s.fresh = nil
 }
@@ -160,7 +188,15 @@ func (s *sharedServer) release(t testing.TB) {
 // DATABASE waits for a checkpoint, which the test need not wait for, and the sooner
 // a database goes, the fewer of its pages a checkpoint writes. (Drops kept for later
 // and made together left a checkpoint tens of seconds of fsyncs to do.)
-func (s *sharedServer) drop(serverURL, name, test string) {
+func (s *sharedServer) drop(name, test string) {
+	s.mu.Lock()
+	admin := s.admin
+	s.mu.Unlock()
+	s.dropOn(admin, name, test)
+}
+
+// dropOn is drop, on the admin pool given (release holds mu).
+func (s *sharedServer) dropOn(admin *pgxpool.Pool, name, test string) {
 	s.dropMu.Lock()
 	if s.dropping == nil {
 		s.dropping = make(chan struct{}, dropConns)
@@ -170,7 +206,7 @@ func (s *sharedServer) drop(serverURL, name, test string) {
 	s.drops.Go(func() {
 		dropping <- struct{}{}
 		defer func() { <-dropping }()
-		if err := dropDatabase(serverURL, name); err != nil {
+		if err := dropDatabase(admin, name); err != nil {
 			s.dropMu.Lock()
 			s.dropErrs = append(s.dropErrs, fmt.Errorf("drop database %s of %s: %w", name, test, err))
 			s.dropMu.Unlock()
@@ -178,15 +214,10 @@ func (s *sharedServer) drop(serverURL, name, test string) {
 	})
 }
 
-func dropDatabase(serverURL, name string) error {
+func dropDatabase(admin *pgxpool.Pool, name string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, serverURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	return err
 }
 
