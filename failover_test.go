@@ -96,7 +96,10 @@ func queryURL(t testing.TB, url, sql string, dest []any, args ...any) {
 func TestFailoverSynchronousKeepsWhatIsHeld(t *testing.T) {
 	t.Parallel()
 	p := failoverPair(t, failover.Synchronous)
-	const ttl = 3 * time.Second
+	// Longer than a renewal's period (a third of it) plus the promotion plus a new
+	// connection: a promotion beside .ci/failover's other packages took up to 3.2 s,
+	// and a ttl of 3 s expired the lock before the new primary was up.
+	const ttl = 8 * time.Second
 	var events eventLog
 	c, pool := failoverClientPool(t, p, "holder", pglock.TTL(ttl), pglock.WithEventHandler(events.record))
 	other, otherPool := failoverClientPool(t, p, "other", pglock.TTL(ttl))
