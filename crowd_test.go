@@ -479,18 +479,25 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 // stopped clock never lets it make: a handover that long was not a wake-up's.
 const crowdStartLongestHandover = time.Second
 
+// connsPerTest is the share of the server's max_connections each test running at once
+// may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
+// packages (go test ./...: the torture workers, the console's browser tests) share the
+// server. At 100, PostgreSQL's default, 2 tests run at once (4 ran out of connections
+// beside the other packages); at 200, as .ci/run sets, 4.
+const connsPerTest = 50
+
 // needConnections skips t, or fails it when CI is set, when the max_connections of
 // pool's server leaves no room for n connections of t's own beside another test's
-// (main_test.go's connsPerTest, 50): at PostgreSQL's default of 100, a crowd of 20
-// clients would take the connections of the tests running beside it, and its own.
+// (connsPerTest): at PostgreSQL's default of 100, a crowd of 20 clients would take the
+// connections of the tests running beside it, and its own.
 func needConnections(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
 	var max int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT current_setting('max_connections')::int").Scan(&max))
-	if max >= n+50 {
+	if max >= n+connsPerTest {
 		return
 	}
-	msg := fmt.Sprintf("this test needs max_connections of at least %d; the server has %d (.ci/run sets 200)", n+50, max)
+	msg := fmt.Sprintf("this test needs max_connections of at least %d; the server has %d (.ci/run sets 200)", n+connsPerTest, max)
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
 	}

@@ -103,13 +103,6 @@ func createExampleDatabase() (drop func(), err error) {
 // or its heap do not call t.Parallel, so they run alone, before the others.
 const defaultParallel = 8
 
-// connsPerTest is the share of the server's max_connections each test running at once
-// may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
-// packages (go test ./...: the torture workers, the console's browser tests) share the
-// server. At 100, PostgreSQL's default, 2 tests run at once (4 ran out of connections
-// beside the other packages); at 200, as .ci/run sets, 4.
-const connsPerTest = 50
-
 // parallelByDefault sets -test.parallel, unless the command line set it, to
 // defaultParallel, or fewer when the server's max_connections would not take them,
 // never fewer than Go's default, GOMAXPROCS.
@@ -122,7 +115,7 @@ func parallelByDefault() {
 	}
 	n := defaultParallel
 	if conns := serverMaxConnections(); conns > 0 {
-		n = min(n, conns/connsPerTest)
+		n = min(n, conns/pglock.ConnsPerTest)
 	}
 	_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), n)))
 }
