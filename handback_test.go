@@ -408,3 +408,30 @@ func (acquireStarts) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 }
 
 func (acquireStarts) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Close gives a pending hand-back its last release at once and returns after it: a
+// grant that committed after the hand-back's releases found nothing (the acquisition's
+// statement was slow to reach the server) is free when Close returns, not when the
+// next retry would have come, nor after its ttl.
+func TestCloseGivesAPendingHandBackItsLastRelease(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := pglocktest.Postgres(t)
+	counted := &releaseCounter{Store: pglock.InternalStore(pglock.NewPostgresStore(pool))}
+	c, err := pglock.NewWithStore(pglock.WrapStore(counted), quiet, pglock.TTL(time.Minute))
+	require.NoError(t, err)
+
+	pglock.UndoAcquire(c, "late", "late-owner", time.Minute)
+	// Three releases find nothing (at once, then 20 ms and 100 ms later); the next is
+	// half a second away.
+	require.Eventually(t, func() bool { return counted.calls.Load() >= 3 }, 10*time.Second, time.Millisecond)
+	_, ok, err := counted.Store.Acquire(ctx, "late", "late-owner", time.Minute) // the grant commits now
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	require.NoError(t, c.Close(ctx))
+	var held bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pglock.locks
+		WHERE key = 'late' AND owner IS NOT NULL AND expires_at > clock_timestamp())`).Scan(&held))
+	require.False(t, held, "the late grant is still held after Close")
+}
