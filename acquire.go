@@ -369,13 +369,15 @@ type acquireReply struct {
 
 // acquireCall makes an acquisition's store call on a context of its own, detached from
 // ctx. When ctx ends first, acquireCall returns at once with abandoned true, and the call
-// goes on to its reply, storeTimeout at most: a grant, or a failure after the call may
-// have reached the server, is then handed back (handback.Queue), and Close waits for that. The
-// reply comes on the call's own connection, which stays open: pgx closes the connection
-// of a statement whose ctx ends, and the release would then wait for a new one, on a
-// loaded machine past the grant's expiry. But a call still waiting for a connection of
-// a *pgxpool.Pool when ctx ends is never sent (see sendMark), and mark.Sent is when the
-// call had its connection.
+// goes on to its reply, store.Timeout at most: a grant, or a failure after the call may
+// have reached the server, is then handed back (handback.Queue), and Close waits for
+// that. The reply comes on the call's own connection, which stays open: pgx closes the
+// connection of a statement whose ctx ends, and the release would then wait for a new
+// one, on a loaded machine past the grant's expiry. But a call still waiting for a
+// connection of a *pgxpool.Pool when ctx ends is never sent (see store.SendMark), and
+// mark.Sent is when the call had its connection. The pgx store on a pool makes the call
+// on the caller's goroutine (store.SendMark.Abandon); another store, on a goroutine of
+// its own.
 func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl time.Duration,
 	mark *store.SendMark, call func(context.Context) acquireReply) (r acquireReply, abandoned bool) {
 	if ctx.Done() == nil {
@@ -384,6 +386,35 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 	h := c.handBacks
 	mark.Wait = ctx
 	cctx, cancel := context.WithCancel(store.WithSendMark(context.WithoutCancel(ctx), mark))
+	if c.abandons {
+		// The call is made here and waits for its reply until ctx ends (store.SendMark.Abandon).
+		var timeout *time.Timer
+		mark.Abandon = func() (context.Context, func(error), bool) {
+			timeout = time.AfterFunc(store.Timeout, cancel)
+			if !h.Await() { // Close is handing back already: the reply is read here
+				return nil, nil, false
+			}
+			unclose := h.AfterGiveUp(cancel) // Close gave up waiting
+			return cctx, func(err error) {
+				timeout.Stop()
+				unclose()
+				cancel()
+				if err == nil && mark.Granted != nil && mark.Granted() || err != nil && mayHaveReached(err) {
+					c.handBacks.Add(t.undoKey(acquireReply{}), owner, ttl)
+				}
+				h.Done()
+			}, true
+		}
+		r = call(cctx)
+		if errors.Is(r.err, store.ErrAbandoned) {
+			return r, true
+		}
+		if timeout != nil {
+			timeout.Stop()
+		}
+		cancel()
+		return r, false
+	}
 	replies := make(chan acquireReply, 1)
 	var (
 		taken atomic.Bool // by the first of: the reply for the caller, the caller giving up

@@ -34,6 +34,7 @@ type Client struct {
 	registry *store.Registry // writes the jobs and elections registered
 	health   health          // what Health reports
 	timeline atomic.Int64    // the latest timeline of the server seen in a token (see laterTimeline)
+	abandons bool            // the store makes acquisitions as store.SendMark.Abandon says (see acquireCall)
 
 	mu       sync.Mutex
 	closed   bool
@@ -103,6 +104,7 @@ func newClient(s *Store, callName string, opts []ClientOption) (*Client, error) 
 		cfg.listen = nil
 	}
 	c.renewals = store.NewRenewals(s.s)
+	c.abandons = store.CanAbandon(s.s)
 	releaseMany, renewals := st.ReleaseMany, renewer.Store(st)
 	c.release = st.Release
 	if c.renewals.Active() {

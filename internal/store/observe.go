@@ -132,6 +132,8 @@ func (k *Calls) record(f *flight, e error) (back bool) {
 		return k.succeeded(now)
 	case errors.Is(e, ErrInvalidKey) || errors.Is(e, ErrInvalidArgument):
 		return false // bad input, refused before the database was asked
+	case errors.Is(e, ErrAbandoned):
+		return false // the caller gave up; the call goes on to its reply
 	case f.ctx.Err() != nil:
 		if now.Sub(f.start) < f.patience || k.answered.After(f.start.Add(f.patience)) {
 			// The caller gave up; or the store answered other calls after this one had

@@ -329,6 +329,9 @@ func (p *pgxCalls) queryRow(ctx context.Context, q string, args ...any) scanner 
 			if err != nil {
 				return errScanner{err}
 			}
+			if m.Abandon != nil {
+				return &flightRow{p: p, ctx: ctx, m: m, conn: conn, q: q, args: args}
+			}
 			db, release = conn, conn.Release
 		}
 	}
@@ -470,6 +473,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 		return 0, false, err
 	}
 	var token sql.NullInt64
+	granted(ctx, func() bool { return token.Valid })
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
 		return 0, false, storeError(err, "acquire %q", key)
 	}
@@ -492,6 +496,7 @@ func (s *postgresStore) AcquireOrWant(ctx context.Context, key, owner string, tt
 		return 0, false, wanted, err
 	}
 	var token int64
+	granted(ctx, func() bool { return token > 0 })
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire_or_want($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
 		return 0, false, false, storeError(err, "acquire %q", key)
 	}
@@ -644,6 +649,7 @@ func (s *postgresStore) SemAcquire(ctx context.Context, key, owner string, ttl t
 	}
 	var permit sql.NullInt32
 	var token sql.NullInt64
+	granted(ctx, func() bool { return permit.Valid && token.Valid })
 	if err := s.queryRow(ctx, `SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)`,
 		key, owner, ttlMillis(ttl), permits).Scan(&permit, &token); err != nil {
 		return 0, 0, false, storeError(err, "acquire a permit of %q", key)
@@ -763,6 +769,35 @@ type SendMark struct {
 	Wait context.Context  // the caller's ctx, which a detached call's wait for a connection ends with; nil: none
 	Now  func() time.Time // the client's clock
 	Sent time.Time        // read once the call has returned
+
+	// Abandon, when set (CanAbandon's stores only), makes the call on the caller's
+	// goroutine and bounds its wait for the reply by Wait too (see flightRow): when Wait
+	// ends first, Abandon is called there and then. With ok, the call returns
+	// ErrAbandoned and reads the rest of its reply on a goroutine of its own, bounded by
+	// rest, then calls finish with its error (nil: the row is read, and Granted says
+	// what it was); without, it reads it on the caller's goroutine, bounded by the call's
+	// ctx.
+	Abandon func() (rest context.Context, finish func(err error), ok bool)
+	// Granted is set by the store's acquisitions: whether the row the call read is a grant.
+	Granted func() bool
+}
+
+// CanAbandon reports whether s makes an acquisition whose SendMark has Abandon as that
+// says: the pgx store on a *pgxpool.Pool in a query mode of the extended protocol.
+func CanAbandon(s Store) bool {
+	p := postgresOf(s)
+	if p == nil || p.pgx == nil {
+		return false
+	}
+	pool, ok := p.pgx.db.(*pgxpool.Pool)
+	return ok && flightMode(pool)
+}
+
+// granted sets the mark of ctx's call, if any, to report a grant as f does.
+func granted(ctx context.Context, f func() bool) {
+	if m := sendMarkOf(ctx); m != nil {
+		m.Granted = f
+	}
 }
 
 type sendMarkKey struct{}

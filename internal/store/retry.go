@@ -59,8 +59,18 @@ type readCommitted func(ctx context.Context, call func(storeCalls) error) error
 // can begin one, while it fails with a rolled-back statement. A retry that meets an
 // aborted transaction (25P02: the store was given a transaction of the caller's, not a
 // pool) returns the first error.
-func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, call func(storeCalls) error) error {
-	err := call(plain)
+func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, call func(context.Context, storeCalls) error) error {
+	err := call(ctx, plain)
+	if rolledBack(err) {
+		// An acquisition made on its caller's goroutine (SendMark.Abandon) sends its
+		// retries as other statements go, bounded by its caller's ctx too.
+		if m := sendMarkOf(ctx); m != nil && m.Abandon != nil {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			defer context.AfterFunc(m.Wait, func() { cancel(context.Cause(m.Wait)) })()
+		}
+	}
 	for try := 1; try < rolledBackTries && rolledBack(err); try++ {
 		t := time.NewTimer(rand.N(time.Millisecond << (try - 1)))
 		select {
@@ -71,10 +81,10 @@ func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, ca
 		}
 		again := errors.ErrUnsupported
 		if rc != nil {
-			again = rc(ctx, call)
+			again = rc(ctx, func(c storeCalls) error { return call(ctx, c) })
 		}
 		if errors.Is(again, errors.ErrUnsupported) {
-			again = call(plain)
+			again = call(ctx, plain)
 		}
 		if SQLState(again) == "25P02" {
 			return err
@@ -95,8 +105,8 @@ type retryingRow struct {
 }
 
 func (r retryingRow) Scan(dest ...any) error {
-	return retryRolledBack(r.ctx, r.plain, r.rc, func(c storeCalls) error {
-		return c.queryRow(r.ctx, r.q, r.args...).Scan(dest...)
+	return retryRolledBack(r.ctx, r.plain, r.rc, func(ctx context.Context, c storeCalls) error {
+		return c.queryRow(ctx, r.q, r.args...).Scan(dest...)
 	})
 }
 
@@ -107,7 +117,7 @@ func retrying(s *postgresStore, rc readCommitted) *postgresStore {
 		return retryingRow{ctx: ctx, q: q, args: args, plain: plain, rc: rc}
 	}
 	s.queryKeys = func(ctx context.Context, q string, args ...any) (keys []string, err error) {
-		err = retryRolledBack(ctx, plain, rc, func(c storeCalls) (err error) {
+		err = retryRolledBack(ctx, plain, rc, func(ctx context.Context, c storeCalls) (err error) {
 			keys, err = c.queryKeys(ctx, q, args...)
 			return err
 		})

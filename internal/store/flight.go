@@ -1,0 +1,260 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrAbandoned is a store call whose caller's ctx (SendMark.Wait) ended while its
+// statement was in flight: the caller returns at once, and the call goes on to its reply
+// on the same connection, which it then reports to SendMark.Abandon's finish.
+var ErrAbandoned = errors.New("pglock: the caller gave up while the statement was in flight")
+
+// flightRow is the row of an acquisition's statement sent on a connection of a
+// *pgxpool.Pool while its caller's ctx (SendMark.Wait) may end. pgx closes the connection
+// of a statement whose ctx ends; flightRow instead waits for the reply with
+// pgconn.PgConn.ReceiveMessage, which leaves the connection open when its ctx ends (the
+// deadline pgx sets to interrupt the read stops a message between two reads, and the
+// next read goes on from there). So the caller's goroutine makes the call itself, with
+// no goroutine beside it (one per call cost 10-15% of an acquisition on a 2-core VM, in
+// the wake-ups of idle threads), and returns at once when its ctx ends (on a
+// connection's first acquisition, once the statement is prepared); a goroutine then
+// reads the rest of the reply on the same connection, and hands it to the mark's
+// Abandon. The statement is prepared once per connection and kept, as pgx does by
+// default (in the pool's other modes of the extended protocol, and behind a pooler, it
+// is parsed at each call), and traced by the pool's tracer; a pool in the simple
+// protocol goes through pgx as other calls do.
+type flightRow struct {
+	p    *pgxCalls
+	ctx  context.Context // detached from the caller's: the call's own bounds
+	m    *SendMark
+	conn *pgxpool.Conn
+	q    string
+	args []any
+}
+
+// flightMode reports whether a pool's statements can go as flightRow sends them.
+func flightMode(pool *pgxpool.Pool) bool {
+	switch pool.Config().ConnConfig.DefaultQueryExecMode {
+	case pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec:
+		return true
+	}
+	return false
+}
+
+func (r *flightRow) Scan(dest ...any) (err error) {
+	conn := r.conn.Conn()
+	if tracer, ok := conn.Config().Tracer.(pgx.QueryTracer); ok {
+		ctx := tracer.TraceQueryStart(r.ctx, conn, pgx.TraceQueryStartData{SQL: r.q, Args: r.args})
+		defer func() { tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: err}) }()
+	}
+	params, err := textParams(r.args)
+	if err != nil {
+		r.conn.Release()
+		return err
+	}
+	f := &sentCall{conn: r.conn, dest: dest}
+	// Prepared and kept as pgx does by default; in the pool's other modes, and behind a
+	// pooler, the unnamed statement.
+	cached := r.conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	for {
+		exec := r.p.pooled.Load() || !cached
+		if err = f.send(r.ctx, r.q, params, exec); err == nil {
+			err = f.receive(r.m.Wait)
+			if errors.Is(err, errWaitEnded) {
+				return f.abandon(r.ctx, r.m)
+			}
+		}
+		if f.conn == nil || !r.p.retry(err, exec) {
+			f.release()
+			return err
+		}
+	}
+}
+
+// errWaitEnded is sentCall.receive's when its ctx ended before the reply was in.
+var errWaitEnded = errors.New("pglock: the wait for the reply ended")
+
+// sentCall is a statement sent on conn and the reply being read into dest.
+type sentCall struct {
+	conn   *pgxpool.Conn // nil once released or closed
+	dest   []any
+	fields []field
+	row    [][]byte // the DataRow's values, copied
+	pgErr  error    // the server's ErrorResponse
+	done   bool     // ReadyForQuery came
+}
+
+// field is what a column of the reply needs to be scanned.
+type field struct {
+	oid    uint32
+	format int16
+}
+
+// send sends q with params (text) as pgx does by default: the prepared statement of
+// the connection (prepared now if it is not), or, with exec, the unnamed one.
+func (f *sentCall) send(ctx context.Context, q string, params [][]byte, exec bool) error {
+	conn := f.conn.Conn()
+	name := ""
+	if !exec {
+		sd, err := prepare(ctx, conn, q)
+		if err != nil {
+			return err
+		}
+		name = sd.Name
+	}
+	fe := conn.PgConn().Frontend()
+	if exec {
+		fe.SendParse(&pgproto3.Parse{Query: q})
+	}
+	fe.SendBind(&pgproto3.Bind{PreparedStatement: name, Parameters: params})
+	fe.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+	fe.SendExecute(&pgproto3.Execute{})
+	fe.SendSync(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		f.close()
+		return err
+	}
+	*f = sentCall{conn: f.conn, dest: f.dest}
+	return nil
+}
+
+// prepare prepares q on conn, which pgx keeps: a round trip on the connection's first
+// call only. It is not cut short when wait ends: pgx would close the connection, which
+// the call must keep (see flightRow); it waits up to Timeout.
+func prepare(ctx context.Context, conn *pgx.Conn, q string) (*pgconn.StatementDescription, error) {
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	return conn.Prepare(ctx, q, q)
+}
+
+// receive reads the reply until ReadyForQuery, waiting no longer than ctx: when ctx
+// ends first it returns errWaitEnded, the connection open and the reply's rest unread.
+// Its error is the server's, or the connection's (then closed).
+func (f *sentCall) receive(ctx context.Context) error {
+	pc := f.conn.Conn().PgConn()
+	for !f.done {
+		msg, err := pc.ReceiveMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil && !pc.IsClosed() {
+				return errWaitEnded
+			}
+			f.close()
+			return err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.RowDescription:
+			f.fields = make([]field, len(msg.Fields))
+			for i, fd := range msg.Fields {
+				f.fields[i] = field{oid: fd.DataTypeOID, format: fd.Format}
+			}
+		case *pgproto3.DataRow:
+			f.row = make([][]byte, len(msg.Values))
+			for i, v := range msg.Values {
+				if v != nil {
+					f.row[i] = append([]byte{}, v...)
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			f.pgErr = pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.ReadyForQuery:
+			f.done = true
+		}
+	}
+	if f.pgErr != nil {
+		return f.pgErr
+	}
+	if f.row == nil {
+		return pgx.ErrNoRows
+	}
+	if len(f.row) != len(f.dest) || len(f.fields) != len(f.dest) {
+		return fmt.Errorf("pglock: %d values in the row, %d to scan into", len(f.row), len(f.dest))
+	}
+	tm := f.conn.Conn().TypeMap()
+	for i, d := range f.dest {
+		if err := tm.Scan(f.fields[i].oid, f.fields[i].format, f.row[i], d); err != nil {
+			return fmt.Errorf("pglock: scan column %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// abandon hands the rest of the reply to a goroutine of its own when the caller's mark
+// allows (m.Abandon), and returns ErrAbandoned; else (Close has begun) it reads it here,
+// bounded by ctx, the call's own.
+func (f *sentCall) abandon(ctx context.Context, m *SendMark) error {
+	if m.Abandon != nil {
+		if rest, finish, ok := m.Abandon(); ok {
+			go func() {
+				err := f.receive(rest)
+				if errors.Is(err, errWaitEnded) { // Close gave up, or the call's time ran out
+					f.close()
+					err = context.Cause(rest)
+				}
+				f.release()
+				finish(err)
+			}()
+			return ErrAbandoned
+		}
+	}
+	err := f.receive(ctx)
+	if errors.Is(err, errWaitEnded) {
+		f.close()
+		err = context.Cause(ctx)
+	}
+	f.release()
+	return err
+}
+
+// release puts the connection back in the pool, the reply read.
+func (f *sentCall) release() {
+	if f.conn != nil {
+		f.conn.Release()
+		f.conn = nil
+	}
+}
+
+// close closes the connection, whose reply may be half read, and puts it back (the
+// pool drops it).
+func (f *sentCall) close() {
+	if f.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = f.conn.Conn().PgConn().Close(ctx)
+		f.conn.Release()
+		f.conn = nil
+	}
+}
+
+// textParams encodes the arguments of an acquisition's statement in the text format:
+// strings, integers, booleans and NULL are all it sends.
+func textParams(args []any) ([][]byte, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		switch a := a.(type) {
+		case nil:
+		case bool:
+			params[i] = []byte{'f'}
+			if a {
+				params[i][0] = 't'
+			}
+		case string:
+			params[i] = []byte(a)
+		case int64:
+			params[i] = strconv.AppendInt(nil, a, 10)
+		case int:
+			params[i] = strconv.AppendInt(nil, int64(a), 10)
+		default:
+			return nil, fmt.Errorf("pglock: argument %d: %T is not sent by an acquisition", i+1, a)
+		}
+	}
+	return params, nil
+}
