@@ -52,7 +52,7 @@ func flightMode(pool *pgxpool.Pool) bool {
 
 func (r *flightRow) Scan(dest ...any) (err error) {
 	conn := r.conn.Conn()
-	if tracer, ok := conn.Config().Tracer.(pgx.QueryTracer); ok {
+	if tracer := conn.Config().Tracer; tracer != nil {
 		ctx := tracer.TraceQueryStart(r.ctx, conn, pgx.TraceQueryStartData{SQL: r.q, Args: r.args})
 		defer func() { tracer.TraceQueryEnd(ctx, conn, pgx.TraceQueryEndData{Err: err}) }()
 	}
