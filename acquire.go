@@ -389,17 +389,17 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 	if c.abandons {
 		// The call is made here and waits for its reply until ctx ends (store.SendMark.Abandon).
 		var timeout *time.Timer
-		mark.Abandon = func() (context.Context, func(error), bool) {
+		mark.Abandon = func() (context.Context, func(bool, error), bool) {
 			timeout = time.AfterFunc(store.Timeout, cancel)
 			if !h.Await() { // Close is handing back already: the reply is read here
 				return nil, nil, false
 			}
 			unclose := h.AfterGiveUp(cancel) // Close gave up waiting
-			return cctx, func(err error) {
+			return cctx, func(granted bool, err error) {
 				timeout.Stop()
 				unclose()
 				cancel()
-				if err == nil && mark.Granted != nil && mark.Granted() || err != nil && mayHaveReached(err) {
+				if granted || err != nil && mayHaveReached(err) {
 					c.handBacks.Add(t.undoKey(acquireReply{}), owner, ttl)
 				}
 				h.Done()

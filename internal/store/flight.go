@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -61,7 +62,7 @@ func (r *flightRow) Scan(dest ...any) (err error) {
 		r.conn.Release()
 		return err
 	}
-	f := &sentCall{conn: r.conn, dest: dest}
+	f := &sentCall{conn: r.conn}
 	// Prepared and kept as pgx does by default; in the pool's other modes, and behind a
 	// pooler, the unnamed statement.
 	cached := r.conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
@@ -70,7 +71,10 @@ func (r *flightRow) Scan(dest ...any) (err error) {
 		if err = f.send(r.ctx, r.q, params, exec); err == nil {
 			err = f.receive(r.m.Wait)
 			if errors.Is(err, errWaitEnded) {
-				return f.abandon(r.ctx, r.m)
+				return f.abandon(r.ctx, r.m, dest)
+			}
+			if err == nil {
+				err = f.scan(f.conn.Conn().TypeMap(), dest)
 			}
 		}
 		if f.conn == nil || !r.p.retry(err, exec) {
@@ -83,10 +87,9 @@ func (r *flightRow) Scan(dest ...any) (err error) {
 // errWaitEnded is sentCall.receive's when its ctx ended before the reply was in.
 var errWaitEnded = errors.New("pglock: the wait for the reply ended")
 
-// sentCall is a statement sent on conn and the reply being read into dest.
+// sentCall is a statement sent on conn and the reply being read.
 type sentCall struct {
 	conn   *pgxpool.Conn // nil once released or closed
-	dest   []any
 	fields []field
 	row    [][]byte // the DataRow's values, copied
 	pgErr  error    // the server's ErrorResponse
@@ -123,7 +126,7 @@ func (f *sentCall) send(ctx context.Context, q string, params [][]byte, exec boo
 		f.close()
 		return err
 	}
-	*f = sentCall{conn: f.conn, dest: f.dest}
+	*f = sentCall{conn: f.conn}
 	return nil
 }
 
@@ -175,11 +178,15 @@ func (f *sentCall) receive(ctx context.Context) error {
 	if f.row == nil {
 		return pgx.ErrNoRows
 	}
-	if len(f.row) != len(f.dest) || len(f.fields) != len(f.dest) {
-		return fmt.Errorf("pglock: %d values in the row, %d to scan into", len(f.row), len(f.dest))
+	return nil
+}
+
+// scan scans the row received into dest.
+func (f *sentCall) scan(tm *pgtype.Map, dest []any) error {
+	if len(f.row) != len(dest) || len(f.fields) != len(dest) {
+		return fmt.Errorf("pglock: %d values in the row, %d to scan into", len(f.row), len(dest))
 	}
-	tm := f.conn.Conn().TypeMap()
-	for i, d := range f.dest {
+	for i, d := range dest {
 		if err := tm.Scan(f.fields[i].oid, f.fields[i].format, f.row[i], d); err != nil {
 			return fmt.Errorf("pglock: scan column %d: %w", i, err)
 		}
@@ -187,20 +194,35 @@ func (f *sentCall) receive(ctx context.Context) error {
 	return nil
 }
 
+// granted reports whether the row received holds a fencing token in column col (from
+// 1), sent as text: a grant. With no column named, any row counts as one.
+func (f *sentCall) granted(col int) bool {
+	if col < 1 {
+		return true
+	}
+	if col > len(f.row) || f.row[col-1] == nil {
+		return false
+	}
+	token, err := strconv.ParseInt(string(f.row[col-1]), 10, 64)
+	return err == nil && token > 0
+}
+
 // abandon hands the rest of the reply to a goroutine of its own when the caller's mark
 // allows (m.Abandon), and returns ErrAbandoned; else (Close has begun) it reads it here,
-// bounded by ctx, the call's own.
-func (f *sentCall) abandon(ctx context.Context, m *SendMark) error {
+// bounded by ctx, the call's own, into dest.
+func (f *sentCall) abandon(ctx context.Context, m *SendMark, dest []any) error {
 	if m.Abandon != nil {
 		if rest, finish, ok := m.Abandon(); ok {
 			go func() {
+				// The caller's dest is the caller's again: the goroutine reads only the row.
 				err := f.receive(rest)
 				if errors.Is(err, errWaitEnded) { // Close gave up, or the call's time ran out
 					f.close()
 					err = context.Cause(rest)
 				}
+				granted := err == nil && f.granted(m.Token)
 				f.release()
-				finish(err)
+				finish(granted, err)
 			}()
 			return ErrAbandoned
 		}
@@ -209,6 +231,9 @@ func (f *sentCall) abandon(ctx context.Context, m *SendMark) error {
 	if errors.Is(err, errWaitEnded) {
 		f.close()
 		err = context.Cause(ctx)
+	}
+	if err == nil {
+		err = f.scan(f.conn.Conn().TypeMap(), dest)
 	}
 	f.release()
 	return err

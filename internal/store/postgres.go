@@ -473,7 +473,7 @@ func (s *postgresStore) Acquire(ctx context.Context, key, owner string, ttl time
 		return 0, false, err
 	}
 	var token sql.NullInt64
-	granted(ctx, func() bool { return token.Valid })
+	tokenColumn(ctx, 1)
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
 		return 0, false, storeError(err, "acquire %q", key)
 	}
@@ -496,7 +496,7 @@ func (s *postgresStore) AcquireOrWant(ctx context.Context, key, owner string, tt
 		return 0, false, wanted, err
 	}
 	var token int64
-	granted(ctx, func() bool { return token > 0 })
+	tokenColumn(ctx, 1)
 	if err := s.queryRow(ctx, `SELECT pglock.lock_acquire_or_want($1, $2, $3)`, key, owner, ttlMillis(ttl)).Scan(&token); err != nil {
 		return 0, false, false, storeError(err, "acquire %q", key)
 	}
@@ -649,7 +649,7 @@ func (s *postgresStore) SemAcquire(ctx context.Context, key, owner string, ttl t
 	}
 	var permit sql.NullInt32
 	var token sql.NullInt64
-	granted(ctx, func() bool { return permit.Valid && token.Valid })
+	tokenColumn(ctx, 2)
 	if err := s.queryRow(ctx, `SELECT permit, fencing_token FROM pglock.sem_acquire($1, $2, $3, $4)`,
 		key, owner, ttlMillis(ttl), permits).Scan(&permit, &token); err != nil {
 		return 0, 0, false, storeError(err, "acquire a permit of %q", key)
@@ -774,12 +774,13 @@ type SendMark struct {
 	// goroutine and bounds its wait for the reply by Wait too (see flightRow): when Wait
 	// ends first, Abandon is called there and then. With ok, the call returns
 	// ErrAbandoned and reads the rest of its reply on a goroutine of its own, bounded by
-	// rest, then calls finish with its error (nil: the row is read, and Granted says
-	// what it was); without, it reads it on the caller's goroutine, bounded by the call's
-	// ctx.
-	Abandon func() (rest context.Context, finish func(err error), ok bool)
-	// Granted is set by the store's acquisitions: whether the row the call read is a grant.
-	Granted func() bool
+	// rest, then calls finish: granted when the reply's row holds a fencing token (in
+	// column Token), else the call's error, if any; without ok, it reads the reply on the
+	// caller's goroutine, bounded by the call's ctx.
+	Abandon func() (rest context.Context, finish func(granted bool, err error), ok bool)
+	// Token is set by the store's acquisitions: the column of their row (from 1) that
+	// holds a grant's fencing token, positive, and NULL or not positive otherwise.
+	Token int
 }
 
 // CanAbandon reports whether s makes an acquisition whose SendMark has Abandon as that
@@ -793,10 +794,11 @@ func CanAbandon(s Store) bool {
 	return ok && flightMode(pool)
 }
 
-// granted sets the mark of ctx's call, if any, to report a grant as f does.
-func granted(ctx context.Context, f func() bool) {
+// tokenColumn sets the mark of ctx's call, if any: its row's fencing token is in column
+// col (from 1).
+func tokenColumn(ctx context.Context, col int) {
 	if m := sendMarkOf(ctx); m != nil {
-		m.Granted = f
+		m.Token = col
 	}
 }
 

@@ -82,7 +82,7 @@ func (s *postgresStore) SlotClaim(ctx context.Context, a SlotClaimArgs) (SlotCla
 	}
 	var r SlotClaimReply
 	var token, prior, now, due sql.NullInt64
-	granted(ctx, func() bool { return token.Valid && token.Int64 > 0 })
+	tokenColumn(ctx, 2)
 	err := s.queryRow(ctx, `SELECT status, fencing_token, prior_ms, now_us, due_us
 		FROM pglock.job_slot_claim($1, $2, $3, $4, $5, $6, $7)`,
 		a.Job, slotMillis(a.Slot), next, a.Owner, ttlMillis(a.TTL), a.Attempts, ttlMillis(a.Deadline)).
