@@ -195,6 +195,47 @@ func TestAcquireWhoseCtxEndsInFlightKeepsItsConnection(t *testing.T) {
 	require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection: the hand-back had to open another")
 }
 
+// The first acquisition on a connection prepares its statement in the same message: one
+// whose ctx ends before the reply returns at once there too, and keeps the connection,
+// on which the statement stays prepared for the next calls.
+func TestFirstAcquisitionOnAConnectionWhoseCtxEndsInFlightReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 1)
+	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(10*time.Second))
+	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
+	_, err := slow.Exec(t.Context(), "SELECT 1") // the connection is open, no acquisition made on it yet
+	require.NoError(t, err)
+	accepted := proxy.Accepted()
+
+	const delay = 300 * time.Millisecond
+	proxy.SetDelay(tcpproxy.ToClient, delay)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = a.TryAcquire(ctx, "order:44")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), delay-50*time.Millisecond, "TryAcquire waited for the statement's preparation after its ctx ended")
+	var l *pglock.Lock
+	require.Eventually(t, func() bool {
+		l, err = b.TryAcquire(t.Context(), "order:44")
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
+	require.NoError(t, l.Release(t.Context()))
+	require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection")
+
+	proxy.SetDelay(tcpproxy.ToClient, 0)
+	require.Eventually(t, func() bool { return slow.Stat().IdleConns() == 1 }, 5*time.Second, 10*time.Millisecond,
+		"the hand-back's reply never came")
+	l, err = a.TryAcquire(t.Context(), "order:45")
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+	var runs int
+	require.NoError(t, slow.QueryRow(t.Context(), `SELECT coalesce(sum(generic_plans + custom_plans), 0)
+		FROM pg_prepared_statements WHERE statement LIKE 'SELECT pglock.lock_acquire(%'`).Scan(&runs))
+	require.Equal(t, 2, runs, "both acquisitions ran the statement the first one prepared")
+}
+
 // Path 4: a link that goes silent under locks of two ttls. Each lock's context is
 // cancelled at its own deadline, before the database could give the key away, whatever
 // the renewal call of the other lock is doing. The schedule is arranged so that the

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -26,13 +28,13 @@ var ErrAbandoned = errors.New("pglock: the caller gave up while the statement wa
 // deadline pgx sets to interrupt the read stops a message between two reads, and the
 // next read goes on from there). So the caller's goroutine makes the call itself, with
 // no goroutine beside it (one per call cost 10-15% of an acquisition on a 2-core VM, in
-// the wake-ups of idle threads), and returns at once when its ctx ends (on a
-// connection's first acquisition, once the statement is prepared); a goroutine then
+// the wake-ups of idle threads), and returns at once when its ctx ends; a goroutine then
 // reads the rest of the reply on the same connection, and hands it to the mark's
 // Abandon. The statement is prepared once per connection and kept, as pgx does by
-// default (in the pool's other modes of the extended protocol, and behind a pooler, it
-// is parsed at each call), and traced by the pool's tracer; a pool in the simple
-// protocol goes through pgx as other calls do.
+// default, but by the message of its first call, not in a round trip of its own (in the
+// pool's other modes of the extended protocol, and behind a pooler, it is parsed at each
+// call); it is traced by the pool's tracer. A pool in the simple protocol goes through
+// pgx as other calls do.
 type flightRow struct {
 	p    *pgxCalls
 	ctx  context.Context // detached from the caller's: the call's own bounds
@@ -68,7 +70,7 @@ func (r *flightRow) Scan(dest ...any) (err error) {
 	cached := r.conn.Conn().Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
 	for {
 		exec := r.p.pooled.Load() || !cached
-		if err = f.send(r.ctx, r.q, params, exec); err == nil {
+		if err = f.send(r.q, params, exec); err == nil {
 			err = f.receive(r.m.Wait)
 			if errors.Is(err, errWaitEnded) {
 				return f.abandon(r.ctx, r.m, dest)
@@ -90,6 +92,7 @@ var errWaitEnded = errors.New("pglock: the wait for the reply ended")
 // sentCall is a statement sent on conn and the reply being read.
 type sentCall struct {
 	conn   *pgxpool.Conn // nil once released or closed
+	name   string        // the prepared statement's; "": the unnamed one
 	fields []field
 	row    [][]byte // the DataRow's values, copied
 	pgErr  error    // the server's ErrorResponse
@@ -102,23 +105,23 @@ type field struct {
 	format int16
 }
 
-// send sends q with params (text) as pgx does by default: the prepared statement of
-// the connection (prepared now if it is not), or, with exec, the unnamed one.
-func (f *sentCall) send(ctx context.Context, q string, params [][]byte, exec bool) error {
-	conn := f.conn.Conn()
-	name := ""
+// send sends q with params (text): as the connection's prepared statement, which the
+// same message prepares on its first call (and marks prepared, see receive), or, with
+// exec, as the unnamed statement, parsed at each call.
+func (f *sentCall) send(q string, params [][]byte, exec bool) error {
+	pc := f.conn.Conn().PgConn()
+	*f = sentCall{conn: f.conn}
+	parse := exec
 	if !exec {
-		sd, err := prepare(ctx, conn, q)
-		if err != nil {
-			return err
-		}
-		name = sd.Name
+		f.name = statementName(q)
+		prepared, _ := pc.CustomData()[preparedKey].(map[string]bool)
+		parse = !prepared[f.name]
 	}
-	fe := conn.PgConn().Frontend()
-	if exec {
-		fe.SendParse(&pgproto3.Parse{Query: q})
+	fe := pc.Frontend()
+	if parse {
+		fe.SendParse(&pgproto3.Parse{Name: f.name, Query: q})
 	}
-	fe.SendBind(&pgproto3.Bind{PreparedStatement: name, Parameters: params})
+	fe.SendBind(&pgproto3.Bind{PreparedStatement: f.name, Parameters: params})
 	fe.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
 	fe.SendExecute(&pgproto3.Execute{})
 	fe.SendSync(&pgproto3.Sync{})
@@ -126,17 +129,18 @@ func (f *sentCall) send(ctx context.Context, q string, params [][]byte, exec boo
 		f.close()
 		return err
 	}
-	*f = sentCall{conn: f.conn}
 	return nil
 }
 
-// prepare prepares q on conn, which pgx keeps: a round trip on the connection's first
-// call only. It is not cut short when wait ends: pgx would close the connection, which
-// the call must keep (see flightRow); it waits up to Timeout.
-func prepare(ctx context.Context, conn *pgx.Conn, q string) (*pgconn.StatementDescription, error) {
-	ctx, cancel := context.WithTimeout(ctx, Timeout)
-	defer cancel()
-	return conn.Prepare(ctx, q, q)
+// preparedKey is the key of pgconn.PgConn.CustomData under which the names of the
+// statements flightRow prepared on a connection are kept (a map[string]bool).
+const preparedKey = "pglock.prepared"
+
+// statementName is the name of q's prepared statement on a connection: pglock's own,
+// apart from pgx's.
+func statementName(q string) string {
+	sum := sha256.Sum256([]byte(q))
+	return "pglock_" + hex.EncodeToString(sum[:12])
 }
 
 // receive reads the reply until ReadyForQuery, waiting no longer than ctx: when ctx
@@ -154,6 +158,16 @@ func (f *sentCall) receive(ctx context.Context) error {
 			return err
 		}
 		switch msg := msg.(type) {
+		case *pgproto3.ParseComplete:
+			if f.name != "" {
+				data := pc.CustomData()
+				prepared, _ := data[preparedKey].(map[string]bool)
+				if prepared == nil {
+					prepared = map[string]bool{}
+					data[preparedKey] = prepared
+				}
+				prepared[f.name] = true
+			}
 		case *pgproto3.RowDescription:
 			f.fields = make([]field, len(msg.Fields))
 			for i, fd := range msg.Fields {
