@@ -166,74 +166,59 @@ func TestAcquireWhoseCtxEndsInFlightHandsTheKeyBack(t *testing.T) {
 // connection. Were the connection closed, as pgx does to a statement whose ctx ends, the
 // hand-back (and every call after it, the renewals of the client's other locks included)
 // would wait for a new one, which a loaded machine takes up to seconds to open: the
-// torture test saw keys left to ghosts until they expired, and locks lost, that way.
+// torture test saw keys left to ghosts until they expired, and locks lost, that way. The
+// same holds for a connection's first acquisition, which prepares its statement in the
+// same message: the statement stays prepared on the connection for the next calls.
 func TestAcquireWhoseCtxEndsInFlightKeepsItsConnection(t *testing.T) {
 	t.Parallel()
-	url := pglocktest.PostgresURL(t)
-	slow, proxy := proxiedPool(t, url, 1)
-	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(10*time.Second))
-	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
-	warm, err := a.TryAcquire(t.Context(), "warm")
-	require.NoError(t, err)
-	require.NoError(t, warm.Release(t.Context()))
-	accepted := proxy.Accepted()
+	for _, tc := range []struct {
+		name string
+		runs int // the acquisitions made on the connection, the abandoned one and one after it included
+	}{{"the statement prepared", 3}, {"the connection's first acquisition", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := pglocktest.PostgresURL(t)
+			slow, proxy := proxiedPool(t, url, 1)
+			a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(10*time.Second))
+			b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
+			if tc.runs == 3 {
+				warm, err := a.TryAcquire(t.Context(), "warm")
+				require.NoError(t, err)
+				require.NoError(t, warm.Release(t.Context()))
+			} else {
+				_, err := slow.Exec(t.Context(), "SELECT 1") // the connection is open, no acquisition made on it yet
+				require.NoError(t, err)
+			}
+			accepted := proxy.Accepted()
 
-	const delay = 300 * time.Millisecond
-	proxy.SetDelay(tcpproxy.ToClient, delay)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err = a.TryAcquire(ctx, "order:43")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Less(t, time.Since(start), delay-50*time.Millisecond, "TryAcquire waited for the reply after its ctx ended")
-	var l *pglock.Lock
-	require.Eventually(t, func() bool {
-		l, err = b.TryAcquire(t.Context(), "order:43")
-		return err == nil
-	}, 5*time.Second, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
-	require.NoError(t, l.Release(t.Context()))
-	require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection: the hand-back had to open another")
-}
+			const delay = 300 * time.Millisecond
+			proxy.SetDelay(tcpproxy.ToClient, delay)
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			_, err := a.TryAcquire(ctx, "order:43")
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.Less(t, time.Since(start), delay-50*time.Millisecond, "TryAcquire waited for the reply after its ctx ended")
+			var l *pglock.Lock
+			require.Eventually(t, func() bool {
+				l, err = b.TryAcquire(t.Context(), "order:43")
+				return err == nil
+			}, 5*time.Second, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
+			require.NoError(t, l.Release(t.Context()))
+			require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection: the hand-back had to open another")
 
-// The first acquisition on a connection prepares its statement in the same message: one
-// whose ctx ends before the reply returns at once there too, and keeps the connection,
-// on which the statement stays prepared for the next calls.
-func TestFirstAcquisitionOnAConnectionWhoseCtxEndsInFlightReturnsAtOnce(t *testing.T) {
-	t.Parallel()
-	url := pglocktest.PostgresURL(t)
-	slow, proxy := proxiedPool(t, url, 1)
-	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(10*time.Second))
-	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
-	_, err := slow.Exec(t.Context(), "SELECT 1") // the connection is open, no acquisition made on it yet
-	require.NoError(t, err)
-	accepted := proxy.Accepted()
-
-	const delay = 300 * time.Millisecond
-	proxy.SetDelay(tcpproxy.ToClient, delay)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err = a.TryAcquire(ctx, "order:44")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.Less(t, time.Since(start), delay-50*time.Millisecond, "TryAcquire waited for the statement's preparation after its ctx ended")
-	var l *pglock.Lock
-	require.Eventually(t, func() bool {
-		l, err = b.TryAcquire(t.Context(), "order:44")
-		return err == nil
-	}, 5*time.Second, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
-	require.NoError(t, l.Release(t.Context()))
-	require.Equal(t, accepted, proxy.Accepted(), "the abandoned acquisition cost a connection")
-
-	proxy.SetDelay(tcpproxy.ToClient, 0)
-	require.Eventually(t, func() bool { return slow.Stat().IdleConns() == 1 }, 5*time.Second, 10*time.Millisecond,
-		"the hand-back's reply never came")
-	l, err = a.TryAcquire(t.Context(), "order:45")
-	require.NoError(t, err)
-	require.NoError(t, l.Release(t.Context()))
-	var runs int
-	require.NoError(t, slow.QueryRow(t.Context(), `SELECT coalesce(sum(generic_plans + custom_plans), 0)
-		FROM pg_prepared_statements WHERE statement LIKE 'SELECT pglock.lock_acquire(%'`).Scan(&runs))
-	require.Equal(t, 2, runs, "both acquisitions ran the statement the first one prepared")
+			proxy.SetDelay(tcpproxy.ToClient, 0)
+			require.Eventually(t, func() bool { return slow.Stat().IdleConns() == 1 }, 5*time.Second, 10*time.Millisecond,
+				"the hand-back's reply never came")
+			l, err = a.TryAcquire(t.Context(), "order:44")
+			require.NoError(t, err)
+			require.NoError(t, l.Release(t.Context()))
+			var runs int
+			require.NoError(t, slow.QueryRow(t.Context(), `SELECT coalesce(sum(generic_plans + custom_plans), 0)
+				FROM pg_prepared_statements WHERE statement LIKE 'SELECT pglock.lock_acquire(%'`).Scan(&runs))
+			require.Equal(t, tc.runs, runs, "the acquisitions ran one statement, prepared once on the connection")
+		})
+	}
 }
 
 // Path 4: a link that goes silent under locks of two ttls. Each lock's context is
