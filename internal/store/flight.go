@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -33,7 +34,7 @@ var ErrAbandoned = errors.New("pglock: the caller gave up while the statement wa
 // Abandon. The statement is prepared once per connection and kept, as pgx does by
 // default, but by the message of its first call, not in a round trip of its own (in the
 // pool's other modes of the extended protocol, and behind a pooler, it is parsed at each
-// call); it is traced by the pool's tracer. A pool in the simple protocol goes through
+// call); it is described once too, and traced by the pool's tracer. A pool in the simple protocol goes through
 // pgx as other calls do.
 type flightRow struct {
 	p    *pgxCalls
@@ -106,23 +107,26 @@ type field struct {
 }
 
 // send sends q with params (text): as the connection's prepared statement, which the
-// same message prepares on its first call (and marks prepared, see receive), or, with
-// exec, as the unnamed statement, parsed at each call.
+// same message prepares and describes on its first call (kept, see receive), or, with
+// exec, as the unnamed statement, parsed and described at each call.
 func (f *sentCall) send(q string, params [][]byte, exec bool) error {
 	pc := f.conn.Conn().PgConn()
 	*f = sentCall{conn: f.conn}
 	parse := exec
 	if !exec {
 		f.name = statementName(q)
-		prepared, _ := pc.CustomData()[preparedKey].(map[string]bool)
-		parse = !prepared[f.name]
+		var ok bool
+		f.fields, ok = preparedOn(pc)[f.name]
+		parse = !ok
 	}
 	fe := pc.Frontend()
 	if parse {
 		fe.SendParse(&pgproto3.Parse{Name: f.name, Query: q})
 	}
 	fe.SendBind(&pgproto3.Bind{PreparedStatement: f.name, Parameters: params})
-	fe.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+	if f.fields == nil {
+		fe.SendDescribe(&pgproto3.Describe{ObjectType: 'P'})
+	}
 	fe.SendExecute(&pgproto3.Execute{})
 	fe.SendSync(&pgproto3.Sync{})
 	if err := fe.Flush(); err != nil {
@@ -132,15 +136,35 @@ func (f *sentCall) send(q string, params [][]byte, exec bool) error {
 	return nil
 }
 
-// preparedKey is the key of pgconn.PgConn.CustomData under which the names of the
-// statements flightRow prepared on a connection are kept (a map[string]bool).
+// preparedKey is the key of pgconn.PgConn.CustomData under which the statements that
+// flightRow prepared on a connection are kept.
 const preparedKey = "pglock.prepared"
+
+// preparedOn returns the statements prepared on pc by name, with the columns of their
+// rows (nil until a call described them), made on first use.
+func preparedOn(pc *pgconn.PgConn) map[string][]field {
+	data := pc.CustomData()
+	prepared, _ := data[preparedKey].(map[string][]field)
+	if prepared == nil {
+		prepared = map[string][]field{}
+		data[preparedKey] = prepared
+	}
+	return prepared
+}
+
+// statementNames holds statementName's names by statement.
+var statementNames sync.Map
 
 // statementName is the name of q's prepared statement on a connection: pglock's own,
 // apart from pgx's.
 func statementName(q string) string {
+	if name, ok := statementNames.Load(q); ok {
+		return name.(string)
+	}
 	sum := sha256.Sum256([]byte(q))
-	return "pglock_" + hex.EncodeToString(sum[:12])
+	name := "pglock_" + hex.EncodeToString(sum[:12])
+	statementNames.Store(q, name)
+	return name
 }
 
 // receive reads the reply until ReadyForQuery, waiting no longer than ctx: when ctx
@@ -160,18 +184,15 @@ func (f *sentCall) receive(ctx context.Context) error {
 		switch msg := msg.(type) {
 		case *pgproto3.ParseComplete:
 			if f.name != "" {
-				data := pc.CustomData()
-				prepared, _ := data[preparedKey].(map[string]bool)
-				if prepared == nil {
-					prepared = map[string]bool{}
-					data[preparedKey] = prepared
-				}
-				prepared[f.name] = true
+				preparedOn(pc)[f.name] = nil // prepared; its columns come with the row's description
 			}
 		case *pgproto3.RowDescription:
 			f.fields = make([]field, len(msg.Fields))
 			for i, fd := range msg.Fields {
 				f.fields[i] = field{oid: fd.DataTypeOID, format: fd.Format}
+			}
+			if f.name != "" {
+				preparedOn(pc)[f.name] = f.fields
 			}
 		case *pgproto3.DataRow:
 			f.row = make([][]byte, len(msg.Values))
@@ -222,24 +243,22 @@ func (f *sentCall) granted(col int) bool {
 }
 
 // abandon hands the rest of the reply to a goroutine of its own when the caller's mark
-// allows (m.Abandon), and returns ErrAbandoned; else (Close has begun) it reads it here,
+// allows (m.Abandon, which flightRow's calls have), and returns ErrAbandoned; else (Close has begun) it reads it here,
 // bounded by ctx, the call's own, into dest.
 func (f *sentCall) abandon(ctx context.Context, m *SendMark, dest []any) error {
-	if m.Abandon != nil {
-		if rest, finish, ok := m.Abandon(); ok {
-			go func() {
-				// The caller's dest is the caller's again: the goroutine reads only the row.
-				err := f.receive(rest)
-				if errors.Is(err, errWaitEnded) { // Close gave up, or the call's time ran out
-					f.close()
-					err = context.Cause(rest)
-				}
-				granted := err == nil && f.granted(m.Token)
-				f.release()
-				finish(granted, err)
-			}()
-			return ErrAbandoned
-		}
+	if rest, finish, ok := m.Abandon(); ok {
+		go func() {
+			// The caller's dest is the caller's again: the goroutine reads only the row.
+			err := f.receive(rest)
+			if errors.Is(err, errWaitEnded) { // Close gave up, or the call's time ran out
+				f.close()
+				err = context.Cause(rest)
+			}
+			granted := err == nil && f.granted(m.Token)
+			f.release()
+			finish(granted, err)
+		}()
+		return ErrAbandoned
 	}
 	err := f.receive(ctx)
 	if errors.Is(err, errWaitEnded) {
