@@ -480,24 +480,25 @@ func TestCrowdStartNeverLeavesAFreeKeyIdle(t *testing.T) {
 const crowdStartLongestHandover = time.Second
 
 // connsPerTest is the share of the server's max_connections each test running at once
-// may take: most take a few, some a pool of 40 and 20 listeners, and the tests of other
-// packages (go test ./...: the torture workers, the console's browser tests) share the
-// server. At 100, PostgreSQL's default, 2 tests run at once (4 ran out of connections
-// beside the other packages); at 200, as .ci/run sets, 4.
-const connsPerTest = 50
+// may take, and connsBeside what the tests of other packages take beside them (go test
+// ./...: the torture workers, the console's browser tests). Most tests take a few, the
+// contract suites up to 70, a crowd 100 (needConnections). At 100, PostgreSQL's default,
+// 2 tests run at once (4 ran out of connections beside the other packages); at 200, as
+// .ci/run sets, 6 (a run's peak there: 153).
+const connsPerTest, connsBeside = 25, 50
 
 // needConnections skips t, or fails it when CI is set, when the max_connections of
-// pool's server leaves no room for n connections of t's own beside another test's
-// (connsPerTest): at PostgreSQL's default of 100, a crowd of 20 clients would take the
+// pool's server leaves no room for n connections of t's own beside other tests'
+// (connsBeside): at PostgreSQL's default of 100, a crowd of 20 clients would take the
 // connections of the tests running beside it, and its own.
 func needConnections(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
 	var max int
 	require.NoError(t, pool.QueryRow(context.Background(), "SELECT current_setting('max_connections')::int").Scan(&max))
-	if max >= n+connsPerTest {
+	if max >= n+connsBeside {
 		return
 	}
-	msg := fmt.Sprintf("this test needs max_connections of at least %d; the server has %d (.ci/run sets 200)", n+connsPerTest, max)
+	msg := fmt.Sprintf("this test needs max_connections of at least %d; the server has %d (.ci/run sets 200)", n+connsBeside, max)
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
 	}

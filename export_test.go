@@ -27,6 +27,6 @@ func OwnIdleConns(c *Client) int32 {
 // UndoAcquire hands key back for owner, as c does for an acquisition abandoned in flight.
 func UndoAcquire(c *Client, key, owner string, ttl time.Duration) { c.handBacks.Add(key, owner, ttl) }
 
-// ConnsPerTest is the share of the server's max_connections each test running at once
-// may take (main_test.go's -parallel default).
-const ConnsPerTest = connsPerTest
+// ConnsPerTest and ConnsBeside are the shares of the server's max_connections of each
+// test running at once and of other packages' tests (main_test.go's -parallel default).
+const ConnsPerTest, ConnsBeside = connsPerTest, connsBeside

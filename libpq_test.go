@@ -39,7 +39,9 @@ func TestLibPQStoreContractAsAnApplicationRole(t *testing.T) {
 	t.Parallel()
 	dbURL := pglocktest.PostgresURL(t)
 	db := openSQL(t, "postgres", newRole(t, dbURL, appGrants...))
-	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewSQLStore(db) }, storetest.Options{Concurrent: true})
+	// Without the races: they run as the owner above, and as the application role through
+	// pgx (TestRoleWithReadmeGrantsPassesTheStoreContract); the driver changes no race.
+	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewSQLStore(db) }, storetest.Options{})
 
 	denied := pglock.NewSQLStore(openSQL(t, "postgres", newRole(t, dbURL, appGrants[0])))
 	_, _, err := pglock.InternalStore(denied).Acquire(t.Context(), "libpq:k", "o", time.Minute)

@@ -115,7 +115,7 @@ func parallelByDefault() {
 	}
 	n := defaultParallel
 	if conns := serverMaxConnections(); conns > 0 {
-		n = min(n, conns/pglock.ConnsPerTest)
+		n = min(n, (conns-pglock.ConnsBeside)/pglock.ConnsPerTest)
 	}
 	_ = flag.Set("test.parallel", strconv.Itoa(max(runtime.GOMAXPROCS(0), n)))
 }
