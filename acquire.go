@@ -279,9 +279,9 @@ func (c *Client) newOwner() string {
 	return c.instance + "/" + strconv.FormatUint(rand.Uint64(), 36)
 }
 
-// newLock makes the Lock of t (permit permit of a semaphore) that the store granted owner for ttl with token, in
-// reply to a call sent at sentAt, for an acquisition that began at start: renewed from
-// sentAt on, since the lease counts from no later than that. A bad token, or a reply
+// newLock makes the Lock of t (permit permit of a semaphore) that the store granted
+// owner for ttl with token, in reply to a call sent at sentAt, for an acquisition that
+// began at start: renewed from sentAt on, since the lease counts from no later than that. A bad token, or a reply
 // that came after the lease's renewal deadline, is handed back.
 func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, token int64, start, sentAt time.Time) (*Lock, error) {
 	key, undo := t.key, t.undoKey(acquireReply{permit: permit})

@@ -34,8 +34,8 @@ var ErrAbandoned = errors.New("pglock: the caller gave up while the statement wa
 // Abandon. The statement is prepared once per connection and kept, as pgx does by
 // default, but by the message of its first call, not in a round trip of its own (in the
 // pool's other modes of the extended protocol, and behind a pooler, it is parsed at each
-// call); it is described once too, and traced by the pool's tracer. A pool in the simple protocol goes through
-// pgx as other calls do.
+// call); it is described once too, and traced by the pool's tracer. A pool in the simple
+// protocol goes through pgx as other calls do.
 type flightRow struct {
 	p    *pgxCalls
 	ctx  context.Context // detached from the caller's: the call's own bounds
@@ -243,8 +243,8 @@ func (f *sentCall) granted(col int) bool {
 }
 
 // abandon hands the rest of the reply to a goroutine of its own when the caller's mark
-// allows (m.Abandon, which flightRow's calls have), and returns ErrAbandoned; else (Close has begun) it reads it here,
-// bounded by ctx, the call's own, into dest.
+// allows (m.Abandon, which flightRow's calls have), and returns ErrAbandoned; else
+// (Close has begun) it reads it here, bounded by ctx, the call's own, into dest.
 func (f *sentCall) abandon(ctx context.Context, m *SendMark, dest []any) error {
 	if rest, finish, ok := m.Abandon(); ok {
 		go func() {
