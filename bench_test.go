@@ -578,9 +578,9 @@ func heldKeys(n int) []string {
 }
 
 // TestHeldLockCost holds 2,500 locks on one client and checks that each costs the
-// client less than 1 KiB of heap and no goroutine. It does not run in parallel: other
-// tests' goroutines and allocations would be counted, so its acquisitions are the whole
-// run's wait; BenchmarkHeldLock holds more.
+// client less than 1 KiB of heap and no goroutine. It does not run in parallel (other
+// tests' goroutines and allocations would be counted), so the whole run waits for it;
+// BenchmarkHeldLock holds more.
 func TestHeldLockCost(t *testing.T) {
 	pool := pglocktest.Postgres(t)
 	c, err := pglock.New(pool, pglock.TTL(time.Hour)) // no renewal fires

@@ -484,7 +484,7 @@ const crowdStartLongestHandover = time.Second
 // ./...: the torture workers, the console's browser tests). Most tests take a few, the
 // contract suites up to 70, a crowd 100 (needConnections). At 100, PostgreSQL's default,
 // 2 tests run at once (4 ran out of connections beside the other packages); at 200, as
-// .ci/run sets, 6 (a run's peak there: 153).
+// .ci/run sets, 6 (a whole go test ./... peaked at 157 there).
 const connsPerTest, connsBeside = 25, 50
 
 // needConnections skips t, or fails it when CI is set, when the max_connections of

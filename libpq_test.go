@@ -39,8 +39,8 @@ func TestLibPQStoreContractAsAnApplicationRole(t *testing.T) {
 	t.Parallel()
 	dbURL := pglocktest.PostgresURL(t)
 	db := openSQL(t, "postgres", newRole(t, dbURL, appGrants...))
-	// Without the races: they run as the owner above, and as the application role through
-	// pgx (TestRoleWithReadmeGrantsPassesTheStoreContract); the driver changes no race.
+	// Without the races: they run over lib/pq as the owner above, and as the application
+	// role over pgx (TestRoleWithReadmeGrantsPassesTheStoreContract).
 	testStore(t, func(*testing.T) *pglock.Store { return pglock.NewSQLStore(db) }, storetest.Options{})
 
 	denied := pglock.NewSQLStore(openSQL(t, "postgres", newRole(t, dbURL, appGrants[0])))
