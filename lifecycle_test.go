@@ -133,32 +133,50 @@ func TestCloseCancelsAndReleasesABareLock(t *testing.T) {
 
 // Path 3: an acquisition whose ctx ends while its statement is in flight hands back what
 // the server granted, so another instance gets the key within about a round trip rather
-// than after the ttl.
+// than after the ttl. A permit's number is not known to a caller that gave up before the
+// reply: the goroutine that reads the reply hands back whichever permit the owner holds.
 func TestAcquireWhoseCtxEndsInFlightHandsTheKeyBack(t *testing.T) {
 	t.Parallel()
-	url := pglocktest.PostgresURL(t)
-	slow, proxy := proxiedPool(t, url, 1)
-	const ttl = 10 * time.Second
-	a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(ttl))
-	b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
-	warm, err := a.TryAcquire(t.Context(), "warm") // the connection has the statements prepared
-	require.NoError(t, err)
-	require.NoError(t, warm.Release(t.Context()))
+	type try func(ctx context.Context, c *pglock.Client) (*pglock.Lock, error)
+	for _, tc := range []struct {
+		name string
+		try  try
+	}{{"a lock", func(ctx context.Context, c *pglock.Client) (*pglock.Lock, error) {
+		return c.TryAcquire(ctx, "order:42")
+	}}, {"a semaphore's permit", func(ctx context.Context, c *pglock.Client) (*pglock.Lock, error) {
+		s, err := c.Semaphore("printers", 1)
+		if err != nil {
+			return nil, err
+		}
+		return s.TryAcquire(ctx)
+	}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := pglocktest.PostgresURL(t)
+			slow, proxy := proxiedPool(t, url, 1)
+			const ttl = 10 * time.Second
+			a := newClient(t, pglock.NewPostgresStore(slow), quiet, pglock.TTL(ttl))
+			b := newClient(t, pglock.NewPostgresStore(pglocktest.Pool(t, url, 4)), quiet)
+			warm, err := tc.try(t.Context(), a) // the connection has the statement prepared
+			require.NoError(t, err)
+			require.NoError(t, warm.Release(t.Context()))
 
-	proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond)
-	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-	defer cancel()
-	_, err = a.TryAcquire(ctx, "order:42")
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	failed := time.Now()
+			proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond)
+			ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+			defer cancel()
+			_, err = tc.try(ctx, a)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			failed := time.Now()
 
-	var l *pglock.Lock
-	require.Eventually(t, func() bool {
-		l, err = b.TryAcquire(t.Context(), "order:42")
-		return err == nil
-	}, ttl/2, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
-	t.Logf("the key was free %v after the failed acquisition returned", time.Since(failed).Round(time.Millisecond))
-	require.NoError(t, l.Release(t.Context()))
+			var l *pglock.Lock
+			require.Eventually(t, func() bool {
+				l, err = tc.try(t.Context(), b)
+				return err == nil
+			}, ttl/2, 10*time.Millisecond, "the key stayed held by an owner nobody knows")
+			t.Logf("the key was free %v after the failed acquisition returned", time.Since(failed).Round(time.Millisecond))
+			require.NoError(t, l.Release(t.Context()))
+		})
+	}
 }
 
 // An acquisition whose ctx ends in flight returns at once and keeps its connection: its
