@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io/fs"
 	"math/rand/v2"
-	neturl "net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +29,30 @@ func acquireAsync(c *pglock.Client, key string) <-chan error {
 		got <- err
 	}()
 	return got
+}
+
+// attemptsOn is a pool's tracer that signals ended at the end of each lock_acquire on key.
+type attemptsOn struct {
+	key   string
+	ended chan struct{}
+}
+
+type attemptKey struct{}
+
+func (a *attemptsOn) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "lock_acquire") && len(d.Args) > 0 && d.Args[0] == a.key {
+		return context.WithValue(ctx, attemptKey{}, true)
+	}
+	return ctx
+}
+
+func (a *attemptsOn) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(attemptKey{}) != nil {
+		select {
+		case a.ended <- struct{}{}:
+		default: // a test that lets ended fill up reads it no more
+		}
+	}
 }
 
 // listenerPID returns the backend pid of the database's LISTENing connection, or 0.
@@ -79,12 +102,15 @@ func TestWaiterWithoutListenerPolls(t *testing.T) {
 			pool := pglocktest.Pool(t, url, 4)
 			holder := newClient(t, pglock.NewPostgresStore(pool))
 			frozen := pglocktest.NewManualClock(time.Now())
-			u, err := neturl.Parse(url)
+			cfg, err := pgxpool.ParseConfig(url)
 			require.NoError(t, err)
-			q := u.Query()
-			q.Set("application_name", "waiter") // to find its connection in pg_stat_activity
-			u.RawQuery = q.Encode()
-			waiter := tc.client(t, pglocktest.Pool(t, u.String(), 1), frozen)
+			cfg.MaxConns = 1
+			attempts := &attemptsOn{key: "k", ended: make(chan struct{}, 8)}
+			cfg.ConnConfig.Tracer = attempts
+			waiterPool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(waiterPool.Close)
+			waiter := tc.client(t, waiterPool, frozen)
 			warm, err := waiter.TryAcquire(t.Context(), "warm-up") // prepares the statements
 			require.NoError(t, err)
 			require.NoError(t, warm.Release(t.Context()))
@@ -92,18 +118,16 @@ func TestWaiterWithoutListenerPolls(t *testing.T) {
 			require.NoError(t, err)
 
 			got := acquireAsync(waiter, "k")
-			require.Eventually(t, func() bool { // its last statement, executed: it lost, and sleeps
-				var tried bool
-				err := pool.QueryRow(t.Context(), `SELECT count(*) = 1 FROM pg_stat_activity
-					WHERE datname = current_database() AND application_name = 'waiter'
-					  AND state = 'idle' AND query LIKE '%lock_acquire%'`).Scan(&tried)
-				return err == nil && tried
-			}, 5*time.Second, 5*time.Millisecond, "the waiter's first attempt")
+			receive(t, attempts.ended, "the waiter's first attempt") // it lost, and sleeps
 			require.False(t, wanted(pool, "k"), "no listener, no mark: its release would notify nobody")
 			require.Zero(t, listenerPID(pool))
 			require.NoError(t, held.Release(t.Context()))
-			require.Never(t, func() bool { return len(got) > 0 }, 200*time.Millisecond, 10*time.Millisecond,
-				"nothing wakes it before its backoff")
+			select {
+			case err := <-got:
+				t.Fatalf("woken before its backoff, with nothing to wake it: Acquire returned %v", err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			require.Empty(t, attempts.ended, "an attempt before its backoff")
 			frozen.Advance(time.Second)
 			require.NoError(t, receive(t, got, "acquisition at the next retry"))
 		})
