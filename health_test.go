@@ -494,3 +494,31 @@ func TestHealthCountsAnswersNotTheCallersGivingUp(t *testing.T) {
 	link.restore()
 	require.NoError(t, held.Release(t.Context()))
 }
+
+// A caller that gives up leaves its statement in flight, on its connection, to its reply:
+// unanswered past its patience (half the ttl here), the call makes the client unready,
+// as any call does, until an answer comes.
+func TestHealthCountsAGivenUpCallThatGoesUnanswered(t *testing.T) {
+	t.Parallel()
+	link, pool := newOutageLink(t)
+	const ttl = time.Second // patience: 500 ms
+	c := newClient(t, pglock.NewPostgresStore(pool), quiet, pglock.TTL(ttl))
+	t.Cleanup(link.restore)
+	warm, err := c.TryAcquire(t.Context(), "warm") // the pool's connection is open
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(t.Context()))
+
+	link.fail("black-holed")
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, err = c.TryAcquire(ctx, t.Name())
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, c.Health().Ready, "the caller gave up before its patience")
+	var h pglock.Health
+	require.Eventually(t, func() bool { h = c.Health(); return !h.Ready }, 3*time.Second, 5*time.Millisecond,
+		"a call given up and unanswered past its patience")
+	require.Equal(t, "acquire", h.FailedCall, "%v", h.Err)
+	link.restore()
+	require.Eventually(t, func() bool { h = c.Health(); return h.Ready }, 10*time.Second, 5*time.Millisecond,
+		"ready once answered: %v", h.Err)
+}

@@ -256,6 +256,9 @@ func (f *sentCall) abandon(ctx context.Context, m *SendMark, dest []any) error {
 			}
 			granted := err == nil && f.granted(m.Token)
 			f.release()
+			if m.calls != nil {
+				m.calls.end(m.flight, &err)
+			}
 			finish(granted, err)
 		}()
 		return ErrAbandoned

@@ -109,6 +109,9 @@ func (k *Calls) begin(ctx context.Context, call string, ttl time.Duration, mayWa
 		f.elem = k.inFlight.PushBack(f)
 	}
 	k.mu.Unlock()
+	if m := sendMarkOf(ctx); m != nil && m.Abandon != nil {
+		m.calls, m.flight = k, f // a call abandoned in flight ends on the goroutine that reads its reply
+	}
 	return f
 }
 
@@ -121,6 +124,11 @@ func (k *Calls) end(f *flight, err *error) {
 
 // record records the outcome of f, and reports whether it is a success after a failure.
 func (k *Calls) record(f *flight, e error) (back bool) {
+	if errors.Is(e, ErrAbandoned) {
+		// The caller gave up; the call stays in flight until the goroutine that reads
+		// its reply ends it with its outcome (SendMark), which may have come already.
+		return false
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	now := k.now()
@@ -132,8 +140,6 @@ func (k *Calls) record(f *flight, e error) (back bool) {
 		return k.succeeded(now)
 	case errors.Is(e, ErrInvalidKey) || errors.Is(e, ErrInvalidArgument):
 		return false // bad input, refused before the database was asked
-	case errors.Is(e, ErrAbandoned):
-		return false // the caller gave up; the call goes on to its reply
 	case f.ctx.Err() != nil:
 		if now.Sub(f.start) < f.patience || k.answered.After(f.start.Add(f.patience)) {
 			// The caller gave up; or the store answered other calls after this one had

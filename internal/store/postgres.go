@@ -781,6 +781,9 @@ type SendMark struct {
 	// Token is set by the store's acquisitions: the column of their row (from 1) that
 	// holds a grant's fencing token, positive, and NULL or not positive otherwise.
 	Token int
+
+	calls  *Calls  // the Calls that observe the call, set by its begin
+	flight *flight // its record there, which an abandoned call ends with its outcome
 }
 
 // CanAbandon reports whether s makes an acquisition whose SendMark has Abandon as that
