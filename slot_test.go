@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgfence/pglock"
+	"github.com/pgfence/pglock/internal/tcpproxy"
 	"github.com/pgfence/pglock/pglocktest"
 )
 
@@ -476,4 +477,42 @@ func TestSlotLosingClaimWritesNothing(t *testing.T) {
 	var after int64
 	require.NoError(t, tx.QueryRow(ctx, "SELECT last_value FROM pglock.fencing_token_seq").Scan(&after))
 	require.Equal(t, seq, after, "a losing claim drew a token")
+}
+
+// A claim whose ctx ends while its statement is in flight is handed back once its reply
+// comes, as an acquisition is: the slot's next attempt (AtLeastOnce) runs on another
+// instance within about a round trip, not a ttl later, and the instance that gave up
+// never runs it.
+func TestSlotClaimWhoseCtxEndsInFlightIsHandedBack(t *testing.T) {
+	t.Parallel()
+	url := pglocktest.PostgresURL(t)
+	slow, proxy := proxiedPool(t, url, 1)
+	const ttl = 10 * time.Second
+	// Hourly: both claims stand for the same slot unless the test straddles an hour.
+	opts := []pglock.JobOption{pglock.Every(time.Hour), pglock.AtLeastOnce(3, 0), pglock.TTL(ttl)}
+	var runs slotRuns
+	a := newPoolClient(t, slow, pglock.WithInstanceName("a"))
+	aJob, err := a.Job("exports:ledger", runs.fn("a", nil), opts...)
+	require.NoError(t, err)
+	b := newPoolClient(t, pglocktest.Pool(t, url, 4), pglock.WithInstanceName("b"))
+	bJob, err := b.Job("exports:ledger", runs.fn("b", nil), opts...)
+	require.NoError(t, err)
+	warm, err := a.TryAcquire(t.Context(), "warm") // a's connection is open
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(t.Context()))
+
+	proxy.SetDelay(tcpproxy.ToClient, 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, aJob.Run(ctx), context.DeadlineExceeded)
+	gaveUp := time.Now()
+
+	require.Eventually(t, func() bool {
+		require.NoError(t, bJob.Run(t.Context()))
+		return len(runs.all()) > 0
+	}, ttl/2, 10*time.Millisecond, "the slot's attempt stayed with a claim nobody runs")
+	t.Logf("the slot ran on b %v after a gave up", time.Since(gaveUp).Round(time.Millisecond))
+	all := runs.all()
+	require.Len(t, all, 1)
+	require.Equal(t, "b", all[0].instance, "the instance that gave up ran the slot")
 }
