@@ -281,8 +281,9 @@ func (c *Client) newOwner() string {
 
 // newLock makes the Lock of t (permit permit of a semaphore) that the store granted
 // owner for ttl with token, in reply to a call sent at sentAt, for an acquisition that
-// began at start: renewed from sentAt on, since the lease counts from no later than that. A bad token, or a reply
-// that came after the lease's renewal deadline, is handed back.
+// began at start: renewed from sentAt on, since the lease counts from no later than
+// that. A bad token, or a reply that came after the lease's renewal deadline, is handed
+// back.
 func (c *Client) newLock(t target, permit int, owner string, ttl time.Duration, token int64, start, sentAt time.Time) (*Lock, error) {
 	key, undo := t.key, t.undoKey(acquireReply{permit: permit})
 	repliedAt := c.clock.Now()
@@ -400,7 +401,7 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 				unclose()
 				cancel()
 				if granted || err != nil && mayHaveReached(err) {
-					c.handBacks.Add(t.undoKey(acquireReply{}), owner, ttl)
+					h.Add(t.undoKey(acquireReply{}), owner, ttl)
 				}
 				h.Done()
 			}, true
@@ -429,7 +430,7 @@ func (c *Client) acquireCall(ctx context.Context, t target, owner string, ttl ti
 		}
 		stop()
 		if (r.err == nil && r.ok) || (r.err != nil && mayHaveReached(r.err)) {
-			c.handBacks.Add(t.undoKey(r), owner, ttl)
+			h.Add(t.undoKey(r), owner, ttl)
 		}
 		h.Done()
 	}()

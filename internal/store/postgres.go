@@ -342,10 +342,9 @@ func (p *pgxCalls) queryRow(ctx context.Context, q string, args ...any) scanner 
 // the call's ctx and the caller's (m.Wait), and marks the time it was taken.
 func (m *SendMark) conn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
 	if m.Wait != nil {
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		defer context.AfterFunc(m.Wait, func() { cancel(context.Cause(m.Wait)) })()
+		var stop func()
+		ctx, stop = m.bound(ctx)
+		defer stop()
 	}
 	conn, err := pool.Acquire(ctx)
 	if m.Wait != nil && m.Wait.Err() != nil {
@@ -810,6 +809,17 @@ type sendMarkKey struct{}
 // WithSendMark returns ctx carrying m, for an acquisition's store call.
 func WithSendMark(ctx context.Context, m *SendMark) context.Context {
 	return context.WithValue(ctx, sendMarkKey{}, m)
+}
+
+// bound returns ctx ended also when the caller's ctx (m.Wait, not nil) ends, with its
+// cause; stop lets go of both.
+func (m *SendMark) bound(ctx context.Context) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	unwatch := context.AfterFunc(m.Wait, func() { cancel(context.Cause(m.Wait)) })
+	return ctx, func() {
+		unwatch()
+		cancel(nil)
+	}
 }
 
 func sendMarkOf(ctx context.Context) *SendMark {

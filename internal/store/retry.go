@@ -65,10 +65,9 @@ func retryRolledBack(ctx context.Context, plain storeCalls, rc readCommitted, ca
 		// An acquisition made on its caller's goroutine (SendMark.Abandon) sends its
 		// retries as other statements go, bounded by its caller's ctx too.
 		if m := sendMarkOf(ctx); m != nil && m.Abandon != nil {
-			var cancel context.CancelCauseFunc
-			ctx, cancel = context.WithCancelCause(ctx)
-			defer cancel(nil)
-			defer context.AfterFunc(m.Wait, func() { cancel(context.Cause(m.Wait)) })()
+			var stop func()
+			ctx, stop = m.bound(ctx)
+			defer stop()
 		}
 	}
 	for try := 1; try < rolledBackTries && rolledBack(err); try++ {
