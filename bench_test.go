@@ -389,7 +389,13 @@ func BenchmarkLosingTryAcquire(b *testing.B) {
 	}}
 	function := benchOp{name: "function", goroutines: 1, run: func(ctx context.Context, _ int) error {
 		var token *int64
-		return pool.QueryRow(ctx, "SELECT pglock.lock_acquire('bench:held', 'x/1', 3600000)").Scan(&token)
+		if err := pool.QueryRow(ctx, "SELECT pglock.lock_acquire('bench:held', 'x/1', 3600000)").Scan(&token); err != nil {
+			return err
+		}
+		if token != nil {
+			return fmt.Errorf("lock_acquire of a held key: token %d", *token)
+		}
+		return nil
 	}}
 	ops := []benchOp{lose, selectOne(pool, 1), background, function}
 	warmUp(b, ops...)
